@@ -1,0 +1,21 @@
+"""Batch-invariant kernels and their plain-torch references.
+
+Public API (everything else in detgate relies only on these names):
+  matmul(a, b, bias=None)            a: [M, K], b: [K, N] -> [M, N]
+  rms_norm(x, weight, eps)           one row per program
+  store_kv / paged_attention         paged KV cache write and causal attention
+  log_softmax / logsumexp / argmax / sample
+  set_mode / get_mode / mode         "invariant" | "standard"
+"""
+from kernels.mode import get_mode, mode, set_mode
+from kernels.matmul import matmul
+from kernels.norm import rms_norm
+from kernels.attention import paged_attention, store_kv
+from kernels.sampling import argmax, log_softmax, logsumexp, sample
+
+KERNEL_VERSION = "1"
+
+__all__ = [
+    "KERNEL_VERSION", "argmax", "get_mode", "log_softmax", "logsumexp", "matmul", "mode",
+    "paged_attention", "rms_norm", "sample", "set_mode", "store_kv",
+]
