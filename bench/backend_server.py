@@ -1,0 +1,46 @@
+"""Start `detgate backend` in a child process for a benchmark, and wait until it serves."""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def backend(model: Path, port: int, log_path: Path, *args: str, timeout_s: float = 240):
+    """Yields the base URL once /healthz answers; the server is stopped on exit."""
+    cmd = [sys.executable, "-m", "local_backend.cli", "--model", str(model), "--port", str(port),
+           "--served-model-name", "bench", *args]
+    with open(log_path, "ab") as log:
+        log.write(f"$ {' '.join(cmd)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"backend exited with {proc.returncode}; see {log_path}")
+                try:
+                    with urllib.request.urlopen(url + "/healthz", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"backend not up after {timeout_s}s; see {log_path}")
+                time.sleep(0.5)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,359 @@
+"""Paged attention on the GPU: bit-invariance at real sizes, then speed against torch SDPA.
+
+    python3 bench/kernels_attention.py [--quick] [--out bench/results]
+
+1. Ceilings of this GPU: device-to-device copy bandwidth, bf16 matmul rate.
+2. Invariance at Llama-3-8B attention shapes (32 q heads, 8 KV heads, D=128, bf16,
+   block 16): one target sequence run through many scenarios (batch of up to 64
+   other sequences, its place in the batch, prompt chunkings, cached prefix,
+   decode vs prefill, split vs fold path, page placement). For every output row
+   the number of distinct bit patterns seen is counted: 1 means invariant.
+   Also: the same call twice (run-to-run), and alternative tile configs
+   (BLOCK_M, num_warps) against the shipped one.
+3. Decode (q_len 1) over paged KV vs the fastest SDPA backend on the same data
+   unpaged, both captured in CUDA graphs; fraction of the memory-bandwidth floor.
+4. Prefill (causal, q_len = kv_len) vs SDPA flash on the same data unpaged.
+5. tests/kernels/test_attention.py on this GPU.
+Writes kernels_attention.{md,json,png} under --out and prints the tables.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels import attention_triton as at  # noqa: E402
+from kernels.attention import paged_attention, store_kv  # noqa: E402
+
+H, H_KV, D, PAGE = 32, 8, 128, 16
+DTYPE = torch.bfloat16
+DEV = "cuda"
+MAX_OTHER = 4096  # KV length bound of the other sequences in invariance scenarios
+
+
+def bench_graph(fn) -> float:
+    """Median microseconds of fn replayed from a CUDA graph (launch gaps out of the numbers)."""
+    return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+
+
+def ceilings() -> dict:
+    x = torch.empty(1 << 30, dtype=torch.uint8, device=DEV).random_()
+    y = torch.empty_like(x)
+    copy_us = triton.testing.do_bench(lambda: y.copy_(x), rep=200, return_mode="median") * 1e3
+    a = torch.randn(8192, 8192, dtype=DTYPE, device=DEV)
+    b = torch.randn(8192, 8192, dtype=DTYPE, device=DEV)
+    mm_us = triton.testing.do_bench(lambda: a @ b, rep=200, return_mode="median") * 1e3
+    del x, y, a, b
+    return {"copy_GBps": 2 * (1 << 30) / copy_us / 1e3, "bf16_TFLOPs": 2 * 8192**3 / mm_us / 1e6}
+
+
+# -- invariance ----------------------------------------------------------------------------------
+
+class PagedKV:
+    """A cache big enough for one scenario, pages handed out in random order."""
+
+    def __init__(self, n_blocks, rng):
+        self.k = torch.full((n_blocks, PAGE, H_KV, D), float("nan"), dtype=DTYPE, device=DEV)
+        self.v = torch.full_like(self.k, float("nan"))
+        self.free = list(range(n_blocks))
+        rng.shuffle(self.free)
+
+    def take(self, n_tokens):
+        n = -(-n_tokens // PAGE)
+        pages, self.free = self.free[:n], self.free[n:]
+        return pages
+
+    @staticmethod
+    def slots(pages, a, b):
+        idx = torch.arange(a, b)
+        return (torch.tensor(pages, dtype=torch.int64)[idx // PAGE] * PAGE + idx % PAGE).to(DEV)
+
+
+def run_scenario(seq, chunks, cached, n_others, rng, gen, path):
+    """Target rows (positions cached..L-1) after running `seq` in the given chunks inside random batches.
+
+    The other sequences keep random KV in their own pages; each step each one
+    presents a random length and a random query chunk (mostly decode) at its end.
+    """
+    q, k, v = seq
+    L, max_other = q.shape[0], MAX_OTHER
+    cache = PagedKV(L // PAGE + 1 + n_others * (max_other // PAGE), rng)
+    pages = cache.take(L)
+    other_pages = [cache.take(max_other) for _ in range(n_others)]
+    for p in other_pages:
+        fill = torch.randn(2, max_other, H_KV, D, device=DEV, generator=gen).to(DTYPE)
+        store_kv(fill[0], fill[1], cache.k, cache.v, cache.slots(p, 0, max_other))
+    if cached:
+        store_kv(k[:cached], v[:cached], cache.k, cache.v, cache.slots(pages, 0, cached))
+    done, rows = cached, []
+    for q_len in chunks:
+        batch = []
+        for p in other_pages:
+            o_len = rng.randint(1, max_other)
+            o_q = rng.choice([1, 1, 1, rng.randint(1, min(o_len, 512))])
+            batch.append((torch.randn(o_q, H, D, device=DEV, generator=gen).to(DTYPE), p, o_len))
+        at_ = rng.randint(0, len(batch))
+        store_kv(k[done: done + q_len], v[done: done + q_len], cache.k, cache.v, cache.slots(pages, done, done + q_len))
+        batch.insert(at_, (q[done: done + q_len], pages, done + q_len))
+        width = max(len(p) for _, p, _ in batch)
+        tables = torch.tensor([p + [-1] * (width - len(p)) for _, p, _ in batch], dtype=torch.int32, device=DEV)
+        q_lens = [x.shape[0] for x, _, _ in batch]
+        cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+        kv_lens = torch.tensor([n for _, _, n in batch], dtype=torch.int32, device=DEV)
+        args = (torch.cat([x for x, _, _ in batch]), cache.k, cache.v, tables, cu, kv_lens, D ** -0.5)
+        kw = dict(max_q_len=max(q_lens), max_kv_len=int(kv_lens.max()))
+        o = (paged_attention(*args[:-1], **kw) if path == "auto"
+             else at.paged_attention_triton(*args, **kw, split_per_program=path == "split"))
+        rows.append(o[int(cu[at_]): int(cu[at_ + 1])])
+        done += q_len
+    return torch.cat(rows)
+
+
+def chunkings(L, rng):
+    cached = rng.choice([0, 0, rng.randint(1, L - 64)])
+    decode = rng.choice([0, 1, 4, 16])
+    n = L - cached - decode
+    cuts = sorted(rng.sample(range(1, n), rng.randint(0, 4)))
+    bounds = [0] + cuts + [n]
+    return cached, [b - a for a, b in zip(bounds, bounds[1:])] + [1] * decode
+
+
+@contextlib.contextmanager
+def tile_config(block_m, num_warps):
+    saved = at.BLOCK_M, at.NUM_WARPS
+    at.BLOCK_M, at.NUM_WARPS = block_m, num_warps
+    try:
+        yield
+    finally:
+        at.BLOCK_M, at.NUM_WARPS = saved
+
+
+def invariance(n_scenarios, L=5000, seed=0) -> dict:
+    rng = random.Random(seed)
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    seq = tuple(torch.randn(L, h, D, device=DEV, generator=gen).to(DTYPE) for h in (H, H_KV, H_KV))
+    baseline = run_scenario(seq, [L], 0, 0, rng, gen, "fold")
+    patterns = [set() for _ in range(L)]
+    for i, row in enumerate(baseline.view(torch.int16).cpu().numpy()):
+        patterns[i].add(row.tobytes())
+    log = []
+    for i in range(n_scenarios):
+        cached, chunks = chunkings(L, rng)
+        n_others = rng.choice([0, 1, 7, 31, 63])
+        path = ["auto", "split", "fold"][i % 3]
+        rows = run_scenario(seq, chunks, cached, n_others, rng, gen, path)
+        for j, row in enumerate(rows.view(torch.int16).cpu().numpy()):
+            patterns[cached + j].add(row.tobytes())
+        log.append({"cached": cached, "chunks": chunks, "others": n_others, "path": path,
+                    "equal_to_baseline": bool(torch.equal(rows, baseline[cached:]))})
+    again = run_scenario(seq, [L], 0, 0, random.Random(seed), gen, "fold")
+    configs = {}
+    for block_m, warps in ((64, 8), (128, 4), (128, 8)):
+        with tile_config(block_m, warps):
+            try:
+                alt = run_scenario(seq, [L], 0, 0, random.Random(seed), gen, "fold")
+                configs[f"BLOCK_M={block_m},warps={warps}"] = int((alt == baseline).all(-1).all(-1).sum())
+            except Exception as e:  # a config the compiler rejects is a finding, not a crash
+                configs[f"BLOCK_M={block_m},warps={warps}"] = f"failed: {type(e).__name__}: {e}"[:200]
+    ref = reference_rows(seq)
+    err = ((baseline.double() - ref).norm() / ref.norm()).item()
+    return {"rows": L, "scenarios": n_scenarios, "max_distinct_patterns_per_row": max(map(len, patterns)),
+            "rows_with_more_than_one_pattern": sum(len(p) > 1 for p in patterns),
+            "run_to_run_identical": bool(torch.equal(again, baseline)), "rel_err_vs_fp64": err,
+            "alt_configs_rows_equal_of": {"total": L, **configs}, "scenario_log": log}
+
+
+def reference_rows(seq):
+    q, k, v = (x.double() for x in seq)
+    k, v = (x.repeat_interleave(H // H_KV, 1).transpose(0, 1) for x in (k, v))
+    return F.scaled_dot_product_attention(q.transpose(0, 1), k, v, is_causal=True, scale=D ** -0.5).transpose(0, 1)
+
+
+# -- speed ---------------------------------------------------------------------------------------
+
+def paged_copy(B, ctx, gen):
+    """Random KV for B sequences of length ctx: paged (shuffled pages) and unpaged views of the same data."""
+    n_pages = B * (-(-ctx // PAGE))
+    k_cache = torch.randn(n_pages, PAGE, H_KV, D, device=DEV, dtype=DTYPE, generator=gen)
+    v_cache = torch.randn(n_pages, PAGE, H_KV, D, device=DEV, dtype=DTYPE, generator=gen)
+    tables = torch.randperm(n_pages, device=DEV, generator=gen).view(B, -1).int()
+    k = k_cache[tables.long()].flatten(1, 2)[:, :ctx].transpose(1, 2).contiguous()  # [B, Hkv, ctx, D]
+    v = v_cache[tables.long()].flatten(1, 2)[:, :ctx].transpose(1, 2).contiguous()
+    return k_cache, v_cache, tables, k, v
+
+
+def fastest_sdpa(q, k, v, causal) -> tuple[float, str]:
+    best = (float("inf"), "none")
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+        t = sdpa_time(q, k, v, causal, backend)
+        if t is not None and t < best[0]:
+            best = (t, backend.name)
+    return best
+
+
+def sdpa_time(q, k, v, causal, backend):
+    def call():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    try:
+        call()
+        torch.cuda.synchronize()
+        return bench_graph(call)
+    except RuntimeError:
+        return None
+
+
+def decode_table(bw, shapes, gen) -> list[dict]:
+    out = []
+    for B, ctx in shapes:
+        k_cache, v_cache, tables, k, v = paged_copy(B, ctx, gen)
+        q = torch.randn(B, H, D, device=DEV, dtype=DTYPE, generator=gen)
+        cu = torch.arange(B + 1, device=DEV, dtype=torch.int32)
+        kv_lens = torch.full((B,), ctx, device=DEV, dtype=torch.int32)
+        ours = bench_graph(lambda: paged_attention(q, k_cache, v_cache, tables, cu, kv_lens,
+                                                   max_q_len=1, max_kv_len=ctx))
+        sdpa_us, backend = fastest_sdpa(q[:, :, None], k, v, causal=False)
+        floor_us = (2 * B * ctx * H_KV * D * 2 + 2 * B * H * D * 2) / bw / 1e3
+        out.append({"batch": B, "context": ctx, "invariant_us": ours, "sdpa_us": sdpa_us, "sdpa_backend": backend,
+                    "speed_vs_sdpa": sdpa_us / ours, "floor_us": floor_us, "frac_of_floor": floor_us / ours})
+        del k_cache, v_cache, k, v
+    return out
+
+
+def prefill_table(tflops, shapes, gen) -> list[dict]:
+    out = []
+    for B, L in shapes:
+        k_cache, v_cache, tables, k, v = paged_copy(B, L, gen)
+        q = torch.randn(B, L, H, D, device=DEV, dtype=DTYPE, generator=gen)
+        cu = torch.arange(0, B * L + 1, L, device=DEV, dtype=torch.int32)
+        kv_lens = torch.full((B,), L, device=DEV, dtype=torch.int32)
+        qp = q.flatten(0, 1)
+        ours = bench_graph(lambda: paged_attention(qp, k_cache, v_cache, tables, cu, kv_lens,
+                                                   max_q_len=L, max_kv_len=L))
+        flash = sdpa_time(q.transpose(1, 2), k, v, True, SDPBackend.FLASH_ATTENTION)
+        flops = 4 * B * H * L * L * D / 2
+        out.append({"batch": B, "seq_len": L, "invariant_us": ours, "flash_us": flash,
+                    "speed_vs_flash": (flash / ours) if flash else None, "invariant_TFLOPs": flops / ours / 1e6,
+                    "frac_of_matmul_peak": flops / ours / 1e6 / tflops})
+        del k_cache, v_cache, k, v
+    return out
+
+
+def split_size_sweep(shapes, gen) -> list[dict]:
+    """Decode time for other KV_SPLIT values: each is a different (still invariant) kernel version."""
+    out = []
+    for B, ctx in shapes:
+        k_cache, v_cache, tables, _, _ = paged_copy(B, ctx, gen)
+        q = torch.randn(B, H, D, device=DEV, dtype=DTYPE, generator=gen)
+        cu = torch.arange(B + 1, device=DEV, dtype=torch.int32)
+        kv_lens = torch.full((B,), ctx, device=DEV, dtype=torch.int32)
+        row = {"batch": B, "context": ctx}
+        for split in (512, 1024, 2048):
+            row[f"split_{split}_us"] = bench_graph(lambda: at.paged_attention_triton(
+                q, k_cache, v_cache, tables, cu, kv_lens, D ** -0.5, max_q_len=1, max_kv_len=ctx, kv_split=split))
+        out.append(row)
+        del k_cache, v_cache
+    return out
+
+
+def table(rows, cols) -> str:
+    def fmt(x):
+        return f"{x:.3g}" if isinstance(x, float) else str(x)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def plot(decode, prefill, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for ctx in sorted({r["context"] for r in decode}):
+        rs = [r for r in decode if r["context"] == ctx]
+        a.plot([r["batch"] for r in rs], [r["speed_vs_sdpa"] for r in rs], marker="o", label=f"ctx {ctx}")
+    a.axhline(0.7, color="grey", ls="--")
+    a.set(xscale="log", xlabel="batch", ylabel="speed vs fastest SDPA", title="decode (paged, invariant)")
+    a.legend()
+    for B in sorted({r["batch"] for r in prefill}):
+        rs = [r for r in prefill if r["batch"] == B and r["speed_vs_flash"]]
+        b.plot([r["seq_len"] for r in rs], [r["speed_vs_flash"] for r in rs], marker="o", label=f"batch {B}")
+    b.axhline(0.7, color="grey", ls="--")
+    b.set(xscale="log", xlabel="sequence length", ylabel="speed vs SDPA flash", title="prefill (causal)")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def save(result, out):
+    """Written after every section, so a run cut short still leaves what it measured."""
+    (out / "kernels_attention.json").write_text(json.dumps(result, indent=1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer scenarios and shapes")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--skip-tests", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    t0 = time.time()
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "config": {"BLOCK_M": at.BLOCK_M, "BLOCK_N": at.BLOCK_N, "KV_SPLIT": at.KV_SPLIT,
+                         "num_warps": at.NUM_WARPS, "num_stages": at.NUM_STAGES, "page": PAGE,
+                         "heads": H, "kv_heads": H_KV, "head_dim": D, "dtype": str(DTYPE)}}
+    if not args.skip_tests:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "tests/kernels/test_attention.py", "-q", "-p",
+                               "no:cacheprovider"], capture_output=True, text=True)
+        result["pytest_gpu"] = {"rc": proc.returncode, "tail": proc.stdout[-1500:] + proc.stderr[-500:]}
+        print(result["pytest_gpu"]["tail"], flush=True)
+        save(result, out)
+    result["ceilings"] = ceil = ceilings()
+    print(f"ceilings: {ceil}", flush=True)
+    save(result, out)
+    result["invariance"] = invariance(6 if args.quick else 18)
+    inv = {k: v for k, v in result["invariance"].items() if k != "scenario_log"}
+    print(f"invariance: {inv}  [{time.time() - t0:.0f}s]", flush=True)
+    save(result, out)
+    decode_shapes = [(B, c) for B in (1, 8, 32, 64, 128, 256) for c in (512, 2048, 8192, 32768) if B * c <= (1 << 20)]
+    prefill_shapes = [(1, 512), (1, 2048), (1, 8192), (1, 16384), (8, 2048), (32, 512)]
+    if args.quick:
+        decode_shapes, prefill_shapes = decode_shapes[::3], prefill_shapes[::2]
+    result["decode"] = decode_table(ceil["copy_GBps"], decode_shapes, gen)
+    print(f"decode done [{time.time() - t0:.0f}s]", flush=True)
+    save(result, out)
+    result["prefill"] = prefill_table(ceil["bf16_TFLOPs"], prefill_shapes, gen)
+    result["split_sweep"] = split_size_sweep([(1, 32768), (1, 8192), (8, 8192), (64, 2048)], gen)
+    result["seconds"] = time.time() - t0
+    save(result, out)
+    md = "\n\n".join([
+        f"# Paged attention on {result['device']} (torch {result['torch']}, triton {result['triton']})",
+        f"config: {result['config']}", f"ceilings: {ceil}",
+        "## Invariance\n" + json.dumps(inv, indent=1),
+        "## Decode (CUDA graphs, median)\n" + table(result["decode"], [
+            "batch", "context", "invariant_us", "sdpa_us", "sdpa_backend", "speed_vs_sdpa", "floor_us", "frac_of_floor"]),
+        "## Prefill (causal, CUDA graphs, median)\n" + table(result["prefill"], [
+            "batch", "seq_len", "invariant_us", "flash_us", "speed_vs_flash", "invariant_TFLOPs", "frac_of_matmul_peak"]),
+        "## KV split size sweep (decode us)\n" + table(result["split_sweep"], [
+            "batch", "context", "split_512_us", "split_1024_us", "split_2048_us"]),
+    ])
+    (out / "kernels_attention.md").write_text(md + "\n")
+    plot(result["decode"], result["prefill"], out / "kernels_attention.png")
+    print(md, flush=True)
+
+
+if __name__ == "__main__":
+    main()

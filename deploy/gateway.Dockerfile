@@ -1,0 +1,21 @@
+# syntax=docker/dockerfile:1
+# The gateway image: Python and the gateway's own dependencies, no torch. Only gateway/
+# is copied in, so the image cannot import the backend even by accident.
+# Build from the repository root: docker build -f deploy/gateway.Dockerfile .
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY gateway ./gateway
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links /wheels detgate \
+ && useradd --system --uid 10001 detgate
+USER detgate
+EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"]
+ENTRYPOINT ["detgate"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8080"]

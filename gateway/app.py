@@ -1,0 +1,95 @@
+"""The app factory: settings in, a ready aiohttp Application out."""
+from __future__ import annotations
+
+import logging
+import secrets
+import sys
+from typing import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from gateway import handlers
+from gateway.auth import Tenants
+from gateway.config import Settings
+from gateway.entry import Sealer
+from gateway.logs import AccessLog
+from gateway.memory_store import MemoryStore
+from gateway.metrics import Metrics
+from gateway.middlewares import errors, observe
+from gateway.near_cache import NearCache
+from gateway.prepare import PreparedMemo
+from gateway.redis_store import RedisStore
+from gateway.singleflight import SingleFlight
+from gateway.state import ACCESS_LOG, GATEWAY, PREPARED, METRICS, SEALER, SECRET, SETTINGS, TENANTS, Gateway
+from gateway.store import Store, StoreError
+from gateway.upstream import UpstreamClient
+
+log = logging.getLogger("detgate")
+
+
+class ConfigError(Exception):
+    """Settings the gateway refuses to start with; the message says what to change."""
+
+
+def signing_secret(settings: Settings) -> bytes:
+    if settings.secret is not None:
+        return settings.secret.get_secret_value().encode()
+    if settings.redis_url:
+        raise ConfigError("--redis-url needs --secret (or DETGATE_SECRET): cache keys are signed with it, and entries "
+                          "in Redis outlive this process, so the keys must be the same after a restart and on every replica.")
+    log.warning("no --secret given: signing cache keys with a random one; that is fine for the in-process store, "
+                "which is lost on restart anyway")
+    return secrets.token_bytes(32)
+
+
+def create_app(settings: Settings) -> web.Application:
+    secret = signing_secret(settings)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[observe, errors])
+    app[SETTINGS] = settings
+    app[SECRET] = secret
+    app[METRICS] = Metrics()
+    app[TENANTS] = Tenants.from_settings(settings)
+    app[SEALER] = Sealer(secret)
+    app[PREPARED] = PreparedMemo()
+    app[ACCESS_LOG] = AccessLog(sys.stderr.buffer if logging.getLogger("detgate.access").isEnabledFor(logging.INFO) else None)
+    app.cleanup_ctx.append(_resources)
+    for route, path in (("chat.completions", "/v1/chat/completions"), ("completions", "/v1/completions"),
+                        ("embeddings", "/v1/embeddings")):
+        app.router.add_post(path, handlers.cached_route(route), name=route)
+    app.router.add_get("/v1/models", handlers.models, name="models")
+    app.router.add_route("*", "/v1/{tail:.*}", handlers.proxy, name="proxy")
+    app.router.add_get("/healthz", handlers.healthz, name="healthz")
+    app.router.add_get("/metrics", handlers.metrics, name="metrics")
+    return app
+
+
+async def _resources(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    metrics = app[METRICS]
+    store: Store
+    if settings.redis_url:
+        redis_store = RedisStore(settings.redis_url)
+        try:
+            await redis_store.ping()
+        except StoreError as exc:
+            await redis_store.close()
+            raise ConfigError(f"cannot reach the store at --redis-url: {exc}") from None
+        store = redis_store
+        if settings.near_cache_ttl_s > 0:
+            store = NearCache(redis_store, settings.near_cache_ttl_s, settings.near_cache_bytes)
+    else:
+        memory = MemoryStore(settings.memory_store_bytes)
+        metrics.cache_entries_bytes.set_function(lambda: memory.nbytes)
+        store = memory
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024, ttl_dns_cache=300))
+    flights = SingleFlight(store, app[SEALER], settings.lock_lease_ms, lambda op: metrics.cache_errors.labels(op).inc())
+    app[GATEWAY] = Gateway(store, flights, UpstreamClient(session, metrics, settings.upstream_timeout_s))
+    log.info("detgate ready: %d upstream(s) %s, store %s", len(settings.upstreams),
+             ", ".join(f"{u.name}={u.url}" for u in settings.upstreams), "redis" if settings.redis_url else "in-process")
+    try:
+        yield
+    finally:
+        await flights.close()
+        await session.close()
+        await store.close()

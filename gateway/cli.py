@@ -1,0 +1,88 @@
+"""`detgate`: the command line. `serve` runs the gateway; `backend` the whitebox server.
+
+Every `serve` flag can also come from a TOML file (`--config`) or a DETGATE_* environment
+variable; a flag beats the environment, which beats the file, which beats the default.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from pydantic import ValidationError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="detgate", description="Deterministic LLM calls.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the caching gateway",
+                                description="Run the gateway. Every flag is also DETGATE_<NAME> in the "
+                                            "environment and <name> in the --config file.")
+    serve.add_argument("--config", metavar="FILE.toml", help="settings file (flags and env override it)")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 8080)")
+    serve.add_argument("--upstream", dest="upstreams", action="append", metavar="[NAME=]URL",
+                       help="an upstream's base URL (ending in /v1), repeatable; the first is the default. "
+                            "Without any: https://api.openai.com/v1 with OPENAI_API_KEY")
+    serve.add_argument("--tenant", dest="tenants", action="append", metavar="NAME=KEY",
+                       help="a gateway API key and the tenant it stands for, repeatable")
+    serve.add_argument("--passthrough-auth", action="store_true", default=None,
+                       help="forward the client's Authorization upstream; its digest is the tenant")
+    serve.add_argument("--redis-url", help="shared store, e.g. redis://127.0.0.1:6379/0 (default: in-process store)")
+    serve.add_argument("--secret", help="key that signs cache keys; required with --redis-url")
+    serve.add_argument("--near-cache-ttl-s", type=float,
+                       help="with --redis-url: seconds a replica reuses an entry it read; the longest it may take "
+                            "to see a refresh made elsewhere (default 1, 0 disables)")
+    serve.add_argument("--near-cache-bytes", type=int, help="byte budget of that reuse (default 64 MiB)")
+    serve.add_argument("--memory-store-bytes", type=int, help="byte budget of the in-process store (default 256 MiB)")
+    serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted (default 8 MiB)")
+    serve.add_argument("--upstream-timeout-s", type=float, help="total time allowed for one upstream call (default 600)")
+    serve.add_argument("--lock-lease-ms", type=int,
+                       help="lease of a replica's fill lock; a dead holder is taken over after this (default 10000)")
+    serve.add_argument("--log-level", help="default INFO")
+
+    backend = commands.add_parser("backend", help="run the whitebox inference backend (needs the [backend] extra)",
+                                  add_help=False)
+    backend.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["backend"]:
+        # Imported here so that the gateway never needs torch.
+        from local_backend.cli import main as backend_main
+        return backend_main(argv[1:]) or 0
+    args = build_parser().parse_args(argv)
+    return serve(args)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from gateway import config, logs
+    from gateway.app import ConfigError, create_app
+
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    if flags["tenants"] is not None:
+        try:
+            flags["tenants"] = dict(config._pair(spec) for spec in flags["tenants"])
+        except ValueError as exc:
+            return _refuse(f"--tenant: {exc}")
+    try:
+        settings = config.load(args.config, os.environ, flags)
+    except (ValidationError, ValueError, OSError) as exc:
+        return _refuse(f"invalid settings: {exc}")
+    logs.setup(settings.log_level)
+    try:
+        web.run_app(create_app(settings), host=settings.host, port=settings.port, access_log=None, print=None)
+    except ConfigError as exc:
+        return _refuse(str(exc))
+    return 0
+
+
+def _refuse(message: str) -> int:
+    print(f"detgate: {message}", file=sys.stderr)
+    return 2

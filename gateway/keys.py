@@ -1,0 +1,93 @@
+"""Signed cache keys and cache-entry MACs.
+
+A key is HMAC-SHA256, under the gateway's secret, of an unambiguous encoding of
+everything that decides an answer (`KeyParts`). A client controls most of those bytes,
+so the hash must resist crafted collisions: xxhash would not. The encoding puts a
+domain tag and KEY_SCHEMA_VERSION first and length-prefixes every field, so no two
+distinct KeyParts encode to the same bytes (a tenant "a" with upstream "bc" is not
+tenant "ab" with upstream "c"). Nothing in it depends on the process, so keys are the
+same across restarts and replicas for the same secret.
+
+Bump KEY_SCHEMA_VERSION whenever the canonical form or this encoding changes meaning:
+every key changes with it, and old entries are never served under new rules.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+KEY_SCHEMA_VERSION = 1
+
+KEY_PREFIX = f"dg{KEY_SCHEMA_VERSION}:"
+
+# Domain tags keep a key, an entry MAC and a tenant digest from ever being the same
+# computation over the same bytes.
+_KEY_DOMAIN = b"detgate/key"
+_ENTRY_DOMAIN = b"detgate/entry"
+_TENANT_DOMAIN = b"detgate/tenant"
+
+
+@dataclass(frozen=True)
+class KeyParts:
+    tenant: str
+    upstream: str
+    model: str          # the pinned model version
+    route: str
+    strategy: str       # "single", "vote:3", "schema:3", ...
+    canonical: bytes    # canonical_json(Canonical.body): params and seed included
+
+
+def _field(data: bytes) -> bytes:
+    return len(data).to_bytes(8, "big") + data
+
+
+def encode(parts: KeyParts) -> bytes:
+    """The bytes a key is signed over: domain, version, then each field length-prefixed."""
+    fields = (parts.tenant, parts.upstream, parts.model, parts.route, parts.strategy)
+    out = _field(_KEY_DOMAIN) + KEY_SCHEMA_VERSION.to_bytes(4, "big")
+    for text in fields:
+        out += _field(text.encode("utf-8", "surrogatepass"))
+    return out + _field(bytes(parts.canonical))
+
+
+def _check_secret(secret: bytes) -> None:
+    if not secret:
+        raise ValueError("the signing secret must not be empty")
+
+
+def sign(secret: bytes, parts: KeyParts) -> str:
+    """The cache key for `parts`: "dg1:" and 64 hex digits, safe as a Redis key and header."""
+    _check_secret(secret)
+    return KEY_PREFIX + hmac.new(secret, encode(parts), hashlib.sha256).hexdigest()
+
+
+def tenant_from_api_key(api_key: str) -> str:
+    """A one-way digest of a client's API key, used as its tenant in passthrough mode.
+
+    Unkeyed on purpose: it must not change when the gateway's secret is rotated, and API
+    keys carry enough entropy that the digest cannot be inverted by guessing.
+    """
+    message = _field(_TENANT_DOMAIN) + api_key.encode("utf-8", "surrogatepass")
+    digest = hashlib.sha256(message).hexdigest()
+    return "key-" + digest[:32]
+
+
+def _entry_message(key: str, value: bytes) -> bytes:
+    return _field(_ENTRY_DOMAIN) + _field(key.encode("utf-8", "surrogatepass")) + bytes(value)
+
+
+def entry_mac(secret: bytes, key: str, value: bytes) -> str:
+    """A MAC binding a stored value to its key, so an entry altered in the store, or
+    copied under another key, is detected on read."""
+    _check_secret(secret)
+    return hmac.new(secret, _entry_message(key, value), hashlib.sha256).hexdigest()
+
+
+def verify_entry(secret: bytes, key: str, value: bytes, mac: str) -> bool:
+    """Whether `mac` is entry_mac(secret, key, value); constant-time, False for any
+    malformed mac rather than an exception."""
+    if not isinstance(mac, str):
+        return False
+    expected = entry_mac(secret, key, value).encode("ascii")
+    return hmac.compare_digest(expected, mac.encode("utf-8", "surrogatepass"))

@@ -1,0 +1,61 @@
+"""Middlewares: every failure in OpenAI's error shape; every request measured and logged once."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiohttp import web
+
+from gateway.errors import ApiError, error_body
+from gateway.state import ACCESS_LOG, CACHE, KEY, METRICS, MODEL, TENANT
+
+log = logging.getLogger("detgate")
+
+_TYPES = {401: "invalid_request_error", 403: "permission_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+@web.middleware
+async def errors(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+        body = error_body(f"{exc.reason}: {request.method} {request.path}" if exc.status in (404, 405) else exc.text or exc.reason,
+                          type=_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "server_error"),
+                          code=exc.reason.lower().replace(" ", "_"))
+        return web.Response(status=exc.status, body=body, headers=headers, content_type="application/json")
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unhandled error serving %s %s", request.method, request.path)
+        return web.Response(status=500, content_type="application/json",
+                            body=error_body("The gateway failed to handle this request; the failure is logged.",
+                                            type="server_error", code="internal_error"))
+
+
+@web.middleware
+async def observe(request: web.Request, handler) -> web.StreamResponse:
+    metrics = request.app[METRICS]
+    started = time.perf_counter()
+    metrics.inflight.inc()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    finally:
+        elapsed = time.perf_counter() - started
+        metrics.inflight.dec()
+        route = request.match_info.route.name or "unmatched"
+        cache = request.get(CACHE, "bypass")
+        model = request.get(MODEL, "")
+        metrics.observe_request(route, model, cache, str(status), elapsed)
+        request.app[ACCESS_LOG].write({"method": request.method, "path": request.path, "status": status, "route": route,
+                     "model": model, "cache": cache, "key": request.get(KEY), "tenant": request.get(TENANT),
+                     "ms": round(elapsed * 1000, 3)})

@@ -1,0 +1,73 @@
+"""A short-lived in-process copy of recently read shared-store entries.
+
+A cache hit through Redis costs several times the CPU of the rest of the hit (a round
+trip through redis-py); hot keys are read over and over, and entries never change once
+written, except by an explicit refresh (`x-detgate-cache-control: no-cache`). So each
+replica keeps what it read for `ttl_s`: a refresh made on another replica is seen here
+after at most that long, and a refresh made here is seen at once.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Callable
+
+from gateway.store import Store
+
+
+class NearCache:
+    def __init__(self, store: Store, ttl_s: float, max_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._clock = clock
+        self._copies: OrderedDict[str, tuple[float, bytes]] = OrderedDict()  # key -> (expires, value)
+
+    async def get(self, key: str) -> bytes | None:
+        copy = self._copies.get(key)
+        if copy is not None:
+            if copy[0] > self._clock():
+                return copy[1]
+            self._forget(key)
+        value = await self.store.get(key)
+        if value is not None:
+            self._remember(key, value)
+        return value
+
+    async def commit(self, key: str, value: bytes, owner: str, *, overwrite: bool = False) -> bool:
+        stored = await self.store.commit(key, value, owner, overwrite=overwrite)
+        if stored:
+            self._remember(key, value)
+        else:
+            self._forget(key)
+        return stored
+
+    def _remember(self, key: str, value: bytes) -> None:
+        self._forget(key)
+        size = len(key) + len(value)
+        if size > self.max_bytes:
+            return
+        while self.nbytes + size > self.max_bytes:
+            self._forget(next(iter(self._copies)))
+        self._copies[key] = (self._clock() + self.ttl_s, value)
+        self.nbytes += size
+
+    def _forget(self, key: str) -> None:
+        copy = self._copies.pop(key, None)
+        if copy is not None:
+            self.nbytes -= len(key) + len(copy[1])
+
+    async def try_lock(self, key: str, owner: str, lease_ms: int) -> bool:
+        return await self.store.try_lock(key, owner, lease_ms)
+
+    async def renew(self, key: str, owner: str, lease_ms: int) -> bool:
+        return await self.store.renew(key, owner, lease_ms)
+
+    async def unlock(self, key: str, owner: str) -> None:
+        await self.store.unlock(key, owner)
+
+    async def close(self) -> None:
+        self._copies.clear()
+        self.nbytes = 0
+        await self.store.close()

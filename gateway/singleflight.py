@@ -1,0 +1,135 @@
+"""One fill per key: in this process by sharing a task, across replicas by a leased lock.
+
+A flight runs as its own task, apart from the requests that wait on it, so a client
+that disconnects never cancels a call that others share, and an answer that completes
+is stored even when nobody is left to read it.
+
+Across replicas the lock is `SET NX PX` with a lease that the holder renews while it
+works. The others poll for the entry; when the lock disappears without an entry (the
+holder failed, or died and its lease ran out) one of them takes over.
+"""
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from gateway.entry import CorruptEntry, Entry, Sealer
+from gateway.feed import Feed
+from gateway.store import Store, StoreError
+
+Produce = Callable[[Feed], Awaitable[Entry]]
+
+POLL_FIRST_S = 0.005
+POLL_MAX_S = 0.05
+
+
+@dataclass(frozen=True)
+class Outcome:
+    entry: Entry
+    filled: bool  # False when another replica's entry arrived while we waited for its lock
+
+
+@dataclass(frozen=True)
+class Flight:
+    feed: Feed
+    task: asyncio.Task[Outcome]
+
+
+class SingleFlight:
+    def __init__(self, store: Store, sealer: Sealer, lease_ms: int, on_store_error: Callable[[str], None]) -> None:
+        self.store = store
+        self.sealer = sealer
+        self.lease_ms = lease_ms
+        self.owner = secrets.token_hex(8)  # this process, in lock values
+        self._on_store_error = on_store_error
+        self._flights: dict[str, Flight] = {}
+
+    def join(self, key: str, produce: Produce, *, refresh: bool = False) -> tuple[Flight, bool]:
+        """The flight for `key`, started by this call when none is in the air; True for the starter."""
+        flight = self._flights.get(key)
+        if flight is not None:
+            return flight, False
+        feed = Feed()
+        flight = Flight(feed, asyncio.create_task(self._fill(key, produce, feed, refresh)))
+        self._flights[key] = flight
+        flight.task.add_done_callback(lambda _: self._flights.pop(key, None))
+        return flight, True
+
+    async def _fill(self, key: str, produce: Produce, feed: Feed, refresh: bool) -> Outcome:
+        try:
+            waited = await self._acquire(key, refresh)
+            if isinstance(waited, Entry):
+                return Outcome(waited, filled=False)
+            heartbeat = asyncio.create_task(self._heartbeat(key))
+            try:
+                entry = await produce(feed)
+            except BaseException:
+                await self._safely("unlock", self.store.unlock(key, self.owner))
+                raise
+            finally:
+                heartbeat.cancel()
+            return Outcome(await self._commit(key, entry, refresh), filled=True)
+        finally:
+            feed.close()
+
+    async def _acquire(self, key: str, refresh: bool) -> Entry | None:
+        """Take the fill lock, or return the entry another replica wrote while we waited."""
+        delay = POLL_FIRST_S
+        first = True
+        while True:
+            locked = await self._safely("lock", self.store.try_lock(key, self.owner, self.lease_ms), default=True)
+            if locked:
+                # After a wait the holder we waited for may have written just before leaving.
+                if not first and not refresh:
+                    return await self._read(key)
+                return None
+            first = False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, POLL_MAX_S)
+            if not refresh:
+                entry = await self._read(key)
+                if entry is not None:
+                    return entry
+
+    async def _read(self, key: str) -> Entry | None:
+        raw = await self._safely("get", self.store.get(key))
+        if raw is None:
+            return None
+        try:
+            return self.sealer.open(key, raw)
+        except CorruptEntry:
+            self._on_store_error("decode")
+            return None
+
+    async def _commit(self, key: str, entry: Entry, refresh: bool) -> Entry:
+        """Store first-writer-wins, release the lock, and return what is stored, which every
+        reader then gets."""
+        raw = self.sealer.seal(key, entry)
+        stored = await self._safely("put", self.store.commit(key, raw, self.owner, overwrite=refresh))
+        if stored is None:  # the store failed: this answer goes out unstored; the lock lapses by lease
+            return entry
+        if stored:
+            return entry
+        return await self._read(key) or entry
+
+    async def _heartbeat(self, key: str) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ms / 3000)
+            await self._safely("renew", self.store.renew(key, self.owner, self.lease_ms))
+
+    async def _safely(self, op: str, call: Awaitable, default=None):
+        # A store outage degrades to uncached service, counted, rather than failing requests.
+        try:
+            return await call
+        except StoreError:
+            self._on_store_error(op)
+            return default
+
+    async def close(self) -> None:
+        """At shutdown: stop the fills still running (their locks lapse by lease)."""
+        tasks = [f.task for f in self._flights.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

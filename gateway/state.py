@@ -1,0 +1,42 @@
+"""What handlers share, kept on the app under typed keys."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.auth import Tenants
+from gateway.config import Settings
+from gateway.entry import Sealer
+from gateway.logs import AccessLog
+from gateway.metrics import Metrics
+from gateway.prepare import PreparedMemo
+from gateway.singleflight import SingleFlight
+from gateway.store import Store
+from gateway.upstream import UpstreamClient
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """The per-process resources, built by the app's cleanup context once the loop runs."""
+
+    store: Store
+    flights: SingleFlight
+    client: UpstreamClient
+
+
+SETTINGS = web.AppKey("settings", Settings)
+SECRET = web.AppKey("secret", bytes)
+METRICS = web.AppKey("metrics", Metrics)
+TENANTS = web.AppKey("tenants", Tenants)
+SEALER = web.AppKey("sealer", Sealer)
+GATEWAY = web.AppKey("gateway", Gateway)
+ACCESS_LOG = web.AppKey("access_log", AccessLog)
+PREPARED = web.AppKey("prepared", PreparedMemo)
+
+# Filled in by handlers for the metrics/log middleware.
+ROUTE = web.RequestKey("route", str)
+MODEL = web.RequestKey("model", str)
+CACHE = web.RequestKey("cache", str)
+KEY = web.RequestKey("key", str)
+TENANT = web.RequestKey("tenant", str)

@@ -1,0 +1,46 @@
+"""Strategies: how a cache miss becomes one complete entry.
+
+A strategy is an async callable (call, client, feed) -> Entry that raises UpstreamError
+when it cannot produce an answer worth storing. "single" makes one upstream call; vote
+and schema-retry strategies sit beside it under their own names, which are part of the
+cache key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from gateway.config import UpstreamConfig
+from gateway.entry import Entry, from_body, from_events
+from gateway.errors import UpstreamError
+from gateway.feed import Feed
+from gateway.upstream import UpstreamClient
+
+
+@dataclass(frozen=True)
+class Call:
+    route: str
+    upstream: UpstreamConfig
+    body: dict  # exactly what the upstream is sent
+    authorization: str | None
+    stream: bool
+
+
+Strategy = Callable[[Call, UpstreamClient, Feed], Awaitable[Entry]]
+
+
+async def single(call: Call, client: UpstreamClient, feed: Feed) -> Entry:
+    """One upstream call. A stream is pushed to `feed` event by event as it arrives."""
+    if not call.stream:
+        payload = await client.post_json(call.upstream, call.route, call.body, call.authorization)
+        return from_body(call.route, payload)
+    events = []
+    async for data in client.stream(call.upstream, call.route, call.body, call.authorization):
+        events.append(data)
+        feed.push(data)
+    if not events:
+        raise UpstreamError.broken_stream(call.upstream.name, "no events before [DONE]")
+    return from_events(call.route, events)
+
+
+STRATEGIES: dict[str, Strategy] = {"single": single}

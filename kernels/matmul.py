@@ -1,0 +1,265 @@
+"""Batch-invariant matmul: C = A @ B (+ bias), fp32 accumulation, no split-K.
+
+Why it is invariant: every output element C[i, j] is produced by one program
+that walks K from 0 upward in steps of one fixed BLOCK_K, feeding each step to
+the tensor cores as `acc = dot(a_tile, b_tile, acc)`. Neither BLOCK_K nor the
+order of the steps depends on M, so row i of C gets the same sequence of
+roundings whether it is computed alone or inside a batch of 8192 rows.
+
+The M and N tile sizes do vary with the shape, for speed: they only decide
+which program owns an element, not how it is summed. That this holds on the
+hardware is measured, not assumed: a 16-row tile runs on mma.sync, a 64- or
+128-row tile on Hopper's wgmma, and a different instruction could in principle
+round differently. On an H100 every config in bench/kernels_dense.py's sweep
+(BLOCK_M 16..128, BLOCK_N 32..256, both kernels below) gave identical bits,
+and tests/kernels/test_matmul.py checks the ones used here.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels.mode import get_mode, use_triton
+
+# The only constant that fixes the summation order over K. Changing it changes
+# the bits of every output, so it is part of the kernel version.
+BLOCK_K = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 32}
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, kernel): for each regime the fastest
+# config of the H100 sweep (bench/results/kernels_dense_sweep.json). "tma" falls
+# back to "pointer" when the operands' strides do not suit the copy engine.
+CONFIGS = {
+    "large": (128, 256, 8, 3, "tma"),     # enough 128x256 tiles to fill the GPU: on par with cuBLAS
+    "wide": (128, 128, 8, 4, "tma"),      # enough 128x128 tiles to fill it
+    "medium": (64, 128, 4, 5, "tma"),     # mid M, or wide N at decode
+    "narrow": (64, 32, 4, 8, "pointer"),  # decode, 17..64 rows, N too small to fill the GPU with wide tiles
+    "decode": (16, 32, 4, 8, "tma"),      # decode, 1..16 rows: the weight read is all the cost
+}
+_GROUP_M = 8
+
+
+_sm_counts: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter runs programs one after another; a few suffice
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _sm_counts:
+        _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _sm_counts[index]
+
+
+def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, str]:
+    """Pick tiles that give every SM work; decode wants many thin N tiles
+    because without split-K the N tiles are the only parallelism there is."""
+    if device.type != "cuda" or dtype == torch.float32:
+        # The interpreter's dot is a numpy BLAS call whose rounding depends on
+        # the block shape, so there one shape serves every M. fp32 is not a
+        # serving dtype: one config whose fp32 tiles fit in shared memory.
+        return CONFIGS["medium"]
+    fill = 0.8 * _sm_count(device)
+    if triton.cdiv(m, 128) * triton.cdiv(n, 256) >= fill:
+        return CONFIGS["large"]
+    if triton.cdiv(m, 128) * triton.cdiv(n, 128) >= fill and m > 64:
+        return CONFIGS["wide"]
+    if m > 64 or triton.cdiv(n, 128) >= fill:
+        return CONFIGS["medium"]
+    return CONFIGS["narrow"] if m > 16 else CONFIGS["decode"]
+
+
+@triton.jit
+def _matmul_kernel(
+    a_ptr, b_ptr, bias_ptr, c_ptr,
+    M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # Grouped launch order so that consecutive programs share B tiles in L2.
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pids_per_group = GROUP_M * num_pid_n
+    first_m = (pid // pids_per_group) * GROUP_M
+    group_rows = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % pids_per_group) % group_rows
+    pid_n = (pid % pids_per_group) // group_rows
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Out-of-range rows/columns read a valid row/column again instead of being
+    # masked: they are never stored, and unmasked loads keep the pipeline simple.
+    rows = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
+    cols = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + cols[None, :] * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _matmul_tma_kernel(
+    a_desc, b_desc, c_desc, bias_ptr,
+    M, N, K,
+    HAS_BIAS: tl.constexpr, B_KMAJOR: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # Persistent: program p walks tiles p, p + num_programs, ...;
+    # every tile still sums K in the same fixed order. The copy engine fills
+    # out-of-range rows and the K tail with zeros and clips the store.
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pids_per_group = GROUP_M * num_pid_n
+    for tile in range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
+        first_m = (tile // pids_per_group) * GROUP_M
+        group_rows = min(num_pid_m - first_m, GROUP_M)
+        off_m = (first_m + (tile % pids_per_group) % group_rows) * BLOCK_M
+        off_n = ((tile % pids_per_group) // group_rows) * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            a = a_desc.load([off_m, k * BLOCK_K])
+            if B_KMAJOR:
+                b = b_desc.load([off_n, k * BLOCK_K]).T
+            else:
+                b = b_desc.load([k * BLOCK_K, off_n])
+            if IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+        if HAS_BIAS:
+            cols = off_n + tl.arange(0, BLOCK_N)
+            acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+def _check(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"matmul takes 2-D a and b, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
+    if a.dtype != b.dtype or a.dtype not in BLOCK_K:
+        raise ValueError(f"a and b must share one of {list(BLOCK_K)}, got {a.dtype} and {b.dtype}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != b.shape[1]):
+        raise ValueError(f"bias must be [N={b.shape[1]}], got {tuple(bias.shape)}")
+
+
+def matmul_reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain torch, fp32 accumulation, one rounding to a's dtype at the end."""
+    _check(a, b, bias)
+    out = a.float() @ b.float()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(a.dtype)
+
+
+def _matmul_standard(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if bias is None:
+        return torch.mm(a, b)
+    return torch.addmm(bias.to(a.dtype), a, b)
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    """The copy engine needs a 16-byte aligned base, one unit stride and 16-byte aligned other stride."""
+    es = t.element_size()
+    if t.data_ptr() % 16:
+        return False
+    return (t.stride(1) == 1 and t.stride(0) * es % 16 == 0) or (t.stride(0) == 1 and t.stride(1) * es % 16 == 0)
+
+
+def _programs(device: torch.device, tiles: int) -> int:
+    return min(tiles, _sm_count(device))
+
+
+def _launch_tma(a, b, bias, c, block_m, block_n, block_k, warps, stages):
+    M, K = a.shape
+    N = b.shape[1]
+    b_kmajor = b.stride(0) == 1 and b.stride(1) != 1
+    a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [block_m, block_k])
+    if b_kmajor:
+        b_desc = TensorDescriptor(b, [N, K], [b.stride(1), 1], [block_n, block_k])
+    else:
+        b_desc = TensorDescriptor(b, [K, N], [b.stride(0), 1], [block_k, block_n])
+    c_desc = TensorDescriptor(c, [M, N], [c.stride(0), 1], [block_m, block_n])
+    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    _matmul_tma_kernel[(_programs(a.device, tiles),)](
+        a_desc, b_desc, c_desc, bias if bias is not None else c,
+        M, N, K,
+        HAS_BIAS=bias is not None, B_KMAJOR=b_kmajor, IEEE=a.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
+        num_warps=warps, num_stages=stages,
+    )
+
+
+def _launch_pointer(a, b, bias, c, block_m, block_n, block_k, warps, stages):
+    M, K = a.shape
+    N = b.shape[1]
+    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
+    _matmul_kernel[grid](
+        a, b, bias if bias is not None else c, c,
+        M, N, K,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0, IEEE=a.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
+        num_warps=warps, num_stages=stages,
+    )
+
+
+def _matmul_triton(a, b, bias, config=None):
+    """`config` overrides the dispatch, for the benchmark's sweep and the tests
+    that check every config gives the same bits."""
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    if M == 0 or N == 0:
+        return c
+    if K == 0:
+        return c.copy_(bias.expand(M, N)) if bias is not None else c.zero_()
+    block_m, block_n, warps, stages, kernel = config or _config(M, N, a.dtype, a.device)
+    tma_ok = a.stride(1) == 1 and _tma_ready(a) and _tma_ready(b) and _tma_ready(c)
+    launch = _launch_tma if kernel == "tma" and tma_ok else _launch_pointer
+    launch(a, b, bias, c, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
+    return c
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """a: [M, K], b: [K, N], bias: [N] or None -> [M, N] in a's dtype.
+
+    In invariant mode row i of the result has the same bits for every M and
+    whatever the other rows hold. b may have any strides. Fastest: a
+    contiguous a, and b either an nn.Linear weight [N, K] passed as
+    `weight.t()` or a contiguous [K, N] (the two run at the same speed and give
+    the same bits), with rows 16-byte aligned so that the copy-engine (TMA)
+    kernel runs; other strides take a slower pointer-based kernel.
+    """
+    _check(a, b, bias)
+    if use_triton(a, b, *([bias] if bias is not None else [])):
+        return _matmul_triton(a, b, bias)
+    if get_mode() == "standard":
+        return _matmul_standard(a, b, bias)
+    return matmul_reference(a, b, bias)

@@ -1,0 +1,122 @@
+"""Batch-invariant RMSNorm: one program per row, the whole row in one block.
+
+A row's sum of squares is one `tl.sum` over a block whose size depends only on
+the hidden size H, so its reduction tree is the same for every M. The math is
+fp32 with a single rounding to x's dtype at the end:
+    out = x * rsqrt(mean(x^2) + eps) * weight
+The fused variant first forms residual + x rounded to x's dtype (what a plain
+`residual + x` in that dtype gives) and normalizes that.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+import torch.nn.functional as F
+
+from kernels.mode import get_mode, use_triton
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
+    H, stride_x, stride_res, stride_out, stride_res_out, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    mask = cols < H
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(res_out_ptr + row * stride_res_out + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / H + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, (xf * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _warps(block_h: int) -> int:
+    # Enough threads that each holds 8-16 elements (16-byte loads), no more.
+    return max(1, min(16, block_h // 512))
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"rms_norm takes x as [M, H], got {tuple(x.shape)}")
+    if x.dtype not in _DTYPES:
+        raise ValueError(f"x must be one of {list(_DTYPES)}, got {x.dtype}")
+    if weight.shape != (x.shape[1],):
+        raise ValueError(f"weight must be [H={x.shape[1]}], got {tuple(weight.shape)}")
+    if x.shape[1] > 0 and x.stride(1) != 1:
+        raise ValueError("x must be contiguous along H")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(f"residual must match x {tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} {residual.dtype}")
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    _check(x, weight)
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (xf * rstd * weight.float()).to(x.dtype)
+
+
+def rms_norm_residual_reference(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check(x, weight, residual)
+    summed = residual + x
+    return rms_norm_reference(summed, weight, eps), summed
+
+
+def _rms_norm_triton(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    M, H = x.shape
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else None
+    if M == 0 or H == 0:
+        return out, res_out
+    res = residual if residual is not None else x
+    res_dst = res_out if res_out is not None else out
+    block_h = triton.next_power_of_2(H)
+    weight = weight.contiguous()
+    if residual is not None and residual.stride(1) != 1:
+        res = residual.contiguous()
+    _rms_norm_kernel[(M,)](
+        x, res, weight, out, res_dst,
+        H, x.stride(0), res.stride(0), out.stride(0), res_dst.stride(0), eps,
+        HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, num_warps=_warps(block_h),
+    )
+    return out, res_out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [M, H] (contiguous along H), weight: [H] -> [M, H] in x's dtype.
+
+    Invariant mode gives row i the same bits for every M; standard mode runs
+    torch's own fused RMSNorm.
+    """
+    _check(x, weight)
+    if use_triton(x, weight):
+        return _rms_norm_triton(x, None, weight, eps)[0]
+    if get_mode() == "standard":
+        return F.rms_norm(x, (x.shape[1],), weight.to(x.dtype), eps)
+    return rms_norm_reference(x, weight, eps)
+
+
+def rms_norm_residual(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused `s = residual + x; return rms_norm(s), s` in one pass over memory."""
+    _check(x, weight, residual)
+    if use_triton(x, residual, weight):
+        return _rms_norm_triton(x, residual, weight, eps)
+    if get_mode() == "standard":
+        summed = residual + x
+        return F.rms_norm(summed, (x.shape[1],), weight.to(x.dtype), eps), summed
+    return rms_norm_residual_reference(x, residual, weight, eps)

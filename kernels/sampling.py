@@ -1,0 +1,138 @@
+"""Sampling reductions: log-softmax, logsumexp, argmax and the seeded sampler.
+
+Every entry point takes logits [B, V] and treats rows independently. Dispatch
+follows kernels.mode: `invariant` runs the Triton kernels in kernels/sampling_triton.py
+(one program per row, a fixed-size chunked loop over V, so a row's bits never
+depend on B or on its position); `standard` runs stock torch ops (the baseline
+whose cost invariance is measured against); anything else (invariant mode on a CPU
+tensor without the interpreter) runs the plain-torch references below.
+
+Sampling semantics (all modes that filter agree on them):
+  * temperature <= 0: exact greedy, argmax of the raw logits, ties to the lowest id.
+  * otherwise s = logits / temperature (IEEE division, in fp32), and tokens are
+    ranked by s descending, ties by lowest token id. The kept set is the shortest
+    prefix of that ranking that satisfies an active condition, never empty:
+      top_k in [1, V):  the prefix has top_k tokens;
+      top_p < 1:        the prefix's softmax(s) mass (over the full vocabulary) is
+                        >= top_p, the token that crosses top_p included.
+    With both active the shorter prefix wins, i.e. the intersection of the two sets.
+  * the token is argmax over the kept set of s + Gumbel noise (ties to the lowest
+    id), the noise for (row, token) coming from Philox keyed by (seed, step) with
+    the token id as counter (kernels/philox.py), so it depends on nothing else.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels import philox
+from kernels.mode import get_mode, use_triton
+
+
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """[B, V] any float dtype -> fp32 [B, V]."""
+    _check_logits(logits)
+    if use_triton(logits):
+        from kernels import sampling_triton
+        return sampling_triton.log_softmax(logits)
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def logsumexp(logits: torch.Tensor) -> torch.Tensor:
+    """[B, V] -> fp32 [B]."""
+    _check_logits(logits)
+    if use_triton(logits):
+        from kernels import sampling_triton
+        return sampling_triton.logsumexp(logits)
+    return torch.logsumexp(logits.float(), dim=-1)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """[B, V] -> int64 [B]; ties go to the lowest token id."""
+    _check_logits(logits)
+    if use_triton(logits):
+        from kernels import sampling_triton
+        return sampling_triton.argmax(logits)
+    if get_mode() == "standard":
+        return torch.argmax(logits, dim=-1)
+    return argmax_reference(logits.float())
+
+
+def sample(logits, seeds, steps, temperature, top_k, top_p) -> torch.Tensor:
+    """One token per row; row i depends only on (logits[i], seeds[i], steps[i], its params).
+
+    logits [B, V] fp32/bf16; seeds, steps int64 [B]; temperature fp32 [B];
+    top_k int32 [B] (0 = off); top_p fp32 [B] (1.0 = off). Returns int64 [B].
+    """
+    _check_logits(logits)
+    batch = logits.shape[0]
+    for name, t in (("seeds", seeds), ("steps", steps), ("temperature", temperature),
+                    ("top_k", top_k), ("top_p", top_p)):
+        if t.shape != (batch,):
+            raise ValueError(f"{name} must have shape ({batch},), got {tuple(t.shape)}")
+    if use_triton(logits):
+        from kernels import sampling_triton
+        return sampling_triton.sample(logits, seeds, steps, temperature, top_k, top_p)
+    if get_mode() == "standard":
+        return sample_standard(logits, temperature, top_k, top_p)
+    return sample_reference(logits, seeds, steps, temperature, top_k, top_p)
+
+
+def _check_logits(logits: torch.Tensor) -> None:
+    if logits.dim() != 2 or not logits.dtype.is_floating_point:
+        raise ValueError(f"logits must be a 2-D float tensor [B, V], got {tuple(logits.shape)} {logits.dtype}")
+
+
+def argmax_reference(x: torch.Tensor) -> torch.Tensor:
+    # Spelled out rather than torch.argmax so the lowest-id tie rule is explicit on every device.
+    ids = torch.arange(x.shape[-1], device=x.device).expand_as(x)
+    best = x.max(dim=-1, keepdim=True).values
+    return torch.where(x == best, ids, x.shape[-1]).min(dim=-1).values
+
+
+def keep_mask(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Bool [B, V]: the shortest prefix of the (value desc, id asc) ranking meeting top-k / top-p."""
+    vocab = scaled.shape[-1]
+    # A stable descending sort leaves equal values in ascending id order.
+    values, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
+    weights = torch.exp(values - values[:, :1])
+    # mass strictly before each rank
+    before = torch.cat([torch.zeros_like(weights[:, :1]), torch.cumsum(weights, dim=-1)[:, :-1]], dim=-1)
+    rank = torch.arange(vocab, device=scaled.device).expand_as(values)
+    k = top_k.to(torch.int64).view(-1, 1)
+    p = top_p.to(torch.float32).view(-1, 1)
+    k_on = (k > 0) & (k < vocab)
+    p_on = p < 1.0
+    stop = (rank >= 1) & ((k_on & (rank >= k)) | (p_on & (before >= p * weights.sum(dim=-1, keepdim=True))))
+    return torch.zeros_like(stop).scatter(-1, order, ~stop)
+
+
+def scale(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """fp32 logits / temperature, with greedy rows left unscaled and -0.0 folded into +0.0."""
+    divisor = torch.where(temperature > 0, temperature.float(), 1.0).view(-1, 1)
+    scaled = logits.float() / divisor
+    return torch.where(scaled == 0, 0.0, scaled)
+
+
+def gumbel_reference(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    u = philox.uniform_reference(philox.random_bits_reference(seeds, steps, vocab))
+    return -torch.log(-torch.log(u))
+
+
+def sample_reference(logits, seeds, steps, temperature, top_k, top_p) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    greedy = (temperature <= 0).view(-1, 1)
+    scaled = scale(logits, temperature)
+    keep = keep_mask(scaled, top_k, top_p) | greedy
+    noise = torch.where(greedy, 0.0, gumbel_reference(seeds, steps, vocab))
+    return argmax_reference(torch.where(keep, scaled + noise, float("-inf")))
+
+
+def sample_standard(logits, temperature, top_k, top_p) -> torch.Tensor:
+    """The stock torch sampler: softmax + multinomial from the global generator, no per-row seed."""
+    greedy = temperature <= 0
+    scaled = scale(logits, temperature)
+    # Like the stock engines, skip the sort when no row filters (a host sync, acceptable in the baseline).
+    if bool((((top_k > 0) & (top_k < logits.shape[-1])) | (top_p < 1.0)).any()):
+        scaled = torch.where(keep_mask(scaled, top_k, top_p), scaled, float("-inf"))
+    drawn = torch.multinomial(torch.softmax(scaled, dim=-1), 1).view(-1)
+    return torch.where(greedy, torch.argmax(logits, dim=-1), drawn)

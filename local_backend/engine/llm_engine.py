@@ -1,0 +1,253 @@
+"""The engine loop: one thread that owns the model, the KV cache and the scheduler.
+
+HTTP handlers never touch the model. They submit token ids and get an asyncio.Queue
+that the loop feeds through call_soon_threadsafe: one Event per sampled token, the last
+one carrying the finish reason. With --audit-rate R, a fraction R of finished requests
+is later re-run when the engine is idle, alone and cold, and the tokens compared with
+what was served.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import hashlib
+import itertools
+import logging
+import queue
+import random
+import threading
+import time
+
+import torch
+
+import kernels
+from local_backend.config import EngineConfig, ModelConfig
+from local_backend.engine.block_manager import BlockManager
+from local_backend.engine.model_runner import ModelRunner, Sample
+from local_backend.engine.scheduler import Scheduler
+from local_backend.engine.sequence import Sequence
+from local_backend.loader import load_weights
+from local_backend.metrics import Metrics
+from local_backend.models.llama import Llama
+from local_backend.sampling_params import SamplingParams
+from local_backend.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+ACTIVATION_RESERVE_BYTES = 4 << 30   # prefill activations, logits, CUDA graphs
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    sample: Sample | None = None
+    finish_reason: str | None = None   # "stop" | "length" on the last token
+    error: str | None = None           # the step failed; no more events follow
+
+
+@dataclasses.dataclass
+class _Audit:
+    prompt: list[int]
+    params: SamplingParams
+    served: list[int]
+
+
+def device_arch(device: torch.device) -> str:
+    if device.type != "cuda":
+        return device.type
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def fingerprint(weights_digest: str, mode: str, dtype: torch.dtype, arch: str) -> str:
+    parts = "|".join([weights_digest, kernels.KERNEL_VERSION, mode, str(dtype), arch])
+    return "fp_" + hashlib.blake2b(parts.encode(), digest_size=8).hexdigest()
+
+
+def kv_block_count(config: EngineConfig, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> int:
+    per_seq = -(-config.max_model_len // config.block_size)
+    if config.kv_blocks:
+        return config.kv_blocks
+    if device.type != "cuda":
+        return 4 * per_seq
+    block_bytes = 2 * cfg.num_layers * config.block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(per_seq, int((free * config.gpu_memory_fraction - ACTIVATION_RESERVE_BYTES) // block_bytes))
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, metrics: Metrics):
+        self.config = config
+        self.metrics = metrics
+        self.device = torch.device(config.device)
+        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        gpu = self.device.type == "cuda"
+        # Without a GPU the torch reference kernels serve one request at a time. They are
+        # not batch-invariant (a BLAS may sum a row differently for another M), so a
+        # prompt served partly from the prefix cache could differ in its last bits from a
+        # cold one: the CPU path leaves the prefix cache off unless asked, and every
+        # request then runs through exactly the same steps.
+        self.max_batch = config.max_batch if gpu else 1
+        self.prefix_caching = gpu if config.prefix_caching is None else config.prefix_caching
+        kernels.set_mode(config.mode)
+        self.model_config = cfg = ModelConfig.from_dir(config.model)
+        self.tokenizer = Tokenizer(config.model)
+        eos = set(cfg.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self.max_model_len = min(config.max_model_len, cfg.max_position_embeddings)
+        weights, digest = load_weights(config.model, cfg, str(self.device), self.dtype)
+        self.fingerprint = fingerprint(digest, config.mode, self.dtype, device_arch(self.device))
+        model = Llama(cfg, weights, self.max_model_len)
+        self.num_blocks = kv_block_count(config, cfg, self.device, self.dtype)
+        self.runner = ModelRunner(model, self.num_blocks, config.block_size, self.max_model_len,
+                                  self.max_batch, config.cuda_graphs)
+        self.blocks = BlockManager(self.num_blocks, config.block_size)
+        self.scheduler = Scheduler(self.blocks, self.max_batch, config.max_batched_tokens, config.chunk_size)
+        metrics.kv_blocks_total.set(self.num_blocks)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._seqs: dict[int, Sequence] = {}
+        self._ids = itertools.count()
+        self._audits: collections.deque[_Audit] = collections.deque(maxlen=256)
+        self._audit_rng = random.Random()
+        self._auditing: dict[int, _Audit] = {}
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+
+    # ---- called from the event loop ------------------------------------------------
+
+    def capacity_error(self, prompt_len: int, max_tokens: int) -> str | None:
+        total = prompt_len + max_tokens
+        if total > self.max_model_len:
+            return (f"prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) is {total} tokens, "
+                    f"more than this model's context of {self.max_model_len}")
+        if self.blocks.blocks_needed(total) > self.num_blocks:
+            return f"{total} tokens do not fit in the KV cache ({self.num_blocks * self.config.block_size} tokens)"
+        return None
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> tuple[int, asyncio.Queue]:
+        seq_id = next(self._ids)
+        sink: asyncio.Queue = asyncio.Queue()
+        self._inbox.put(("add", Sequence(seq_id, list(prompt), len(prompt), params, use_prefix_cache=self.prefix_caching), (asyncio.get_running_loop(), sink)))
+        return seq_id, sink
+
+    def abort(self, seq_id: int) -> None:
+        self._inbox.put(("abort", seq_id, None))
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="detgate-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._inbox.put(("stop", None, None))
+            self._thread.join()
+            self._thread = None
+
+    # ---- the engine thread -----------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            block = not self.scheduler.has_work() and not self._audits
+            try:
+                while True:
+                    kind, item, sink = self._inbox.get(block=block)
+                    block = False
+                    if kind == "stop":
+                        return
+                    self._command(kind, item, sink)
+            except queue.Empty:
+                pass
+            if not self.scheduler.has_work() and self._audits:
+                self._start_audit(self._audits.popleft())
+            if self.scheduler.has_work():
+                self._step()
+
+    def _command(self, kind, item, sink) -> None:
+        if kind == "add":
+            self._sinks[item.seq_id] = sink
+            self._seqs[item.seq_id] = item
+            self.scheduler.add(item)
+            self.metrics.prompt_tokens.inc(item.num_prompt_tokens)
+        elif kind == "abort" and item in self._seqs:
+            self._finish(self._seqs[item])
+
+    def _start_audit(self, audit: _Audit) -> None:
+        seq_id = next(self._ids)
+        params = dataclasses.replace(audit.params, max_tokens=len(audit.served), ignore_eos=True)
+        seq = Sequence(seq_id, list(audit.prompt), len(audit.prompt), params, use_prefix_cache=False, alone=True)
+        self._seqs[seq_id] = seq
+        self._auditing[seq_id] = audit
+        self.scheduler.add(seq)
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        queries, hits = self.blocks.queries, self.blocks.hits
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return
+        try:
+            samples = self.runner.step(scheduled)
+        except Exception as e:  # a failed step fails its requests, not the server
+            log.exception("engine step failed")
+            self.last_error = f"{type(e).__name__}: {e}"
+            for seq in list(self._seqs.values()):
+                self._emit(seq.seq_id, Event(error="the inference step failed; see the backend log"))
+                self._finish(seq, audit=False)
+            return
+        sampled = [item.seq for item in scheduled if item.samples]
+        self.scheduler.after_step(scheduled)
+        outbox: dict[asyncio.AbstractEventLoop, list] = collections.defaultdict(list)
+        for seq, sample in zip(sampled, samples):
+            seq.token_ids.append(sample.token)
+            reason = None
+            if sample.token in self.eos_token_ids and not seq.params.ignore_eos:
+                reason = "stop"
+            elif seq.num_generated >= seq.params.max_tokens or len(seq) >= self.max_model_len:
+                reason = "length"
+            sink = self._sinks.get(seq.seq_id)
+            if sink is not None:
+                outbox[sink[0]].append((sink[1], Event(sample, reason)))
+            if reason:
+                self._finish(seq)
+        for loop, items in outbox.items():
+            loop.call_soon_threadsafe(_deliver, items)
+        m = self.metrics
+        m.generation_tokens.inc(len(samples))
+        m.batch_size.observe(len(scheduled))
+        m.kv_blocks_used.set(self.blocks.num_used)
+        m.queue_depth.set(len(self.scheduler.waiting))
+        m.prefix_queries.inc(self.blocks.queries - queries)
+        m.prefix_hits.inc(self.blocks.hits - hits)
+        m.step_duration.observe(time.perf_counter() - start)
+
+    def _emit(self, seq_id: int, event: Event) -> None:
+        sink = self._sinks.get(seq_id)
+        if sink is not None:
+            sink[0].call_soon_threadsafe(sink[1].put_nowait, event)
+
+    def _finish(self, seq: Sequence, audit: bool = True) -> None:
+        self.scheduler.remove(seq)
+        self._seqs.pop(seq.seq_id, None)
+        self._sinks.pop(seq.seq_id, None)
+        if seq.seq_id in self._auditing:
+            served = self._auditing.pop(seq.seq_id).served
+            if audit:
+                result = "match" if seq.token_ids[seq.num_prompt_tokens:] == served else "mismatch"
+                if result == "mismatch":
+                    log.error("determinism audit mismatch (seed %d)", seq.params.seed)
+                self.metrics.audit.labels(result=result).inc()
+        elif audit and seq.num_generated and self._audit_rng.random() < self.config.audit_rate:
+            self._audits.append(_Audit(seq.token_ids[:seq.num_prompt_tokens], seq.params,
+                                       seq.token_ids[seq.num_prompt_tokens:]))
+
+
+def _deliver(items) -> None:
+    for sink, event in items:
+        sink.put_nowait(event)

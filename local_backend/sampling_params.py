@@ -1,0 +1,15 @@
+"""Per-request sampling parameters, as the engine consumes them."""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    seed: int                  # fits int64; keys the request's counter-based noise
+    max_tokens: int
+    temperature: float = 1.0   # 0: exact greedy
+    top_p: float = 1.0         # 1.0: off
+    top_k: int = 0             # 0: off
+    logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob and the top k
+    ignore_eos: bool = False

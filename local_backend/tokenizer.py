@@ -1,0 +1,92 @@
+"""tokenizer.json through `tokenizers`, and the chat template from tokenizer_config.json.
+
+The template is rendered the way transformers renders it: a sandboxed jinja2
+environment with trim_blocks/lstrip_blocks, the loopcontrols extension, a `tojson`
+that keeps non-ASCII text, and the globals templates expect (`raise_exception`,
+`strftime_now`, `bos_token`, `eos_token`, `add_generation_prompt`).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+from tokenizers import Tokenizer as HFTokenizer
+
+
+class TemplateError(ValueError):
+    """The chat template refused the conversation (raise_exception, or a jinja error)."""
+
+
+def _raise_exception(message):
+    raise TemplateError(message)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _special(value) -> str | None:
+    """tokenizer_config.json writes special tokens as strings or as AddedToken dicts."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def compile_template(source: str) -> jinja2.Template:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+class Tokenizer:
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        self.tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        config_file = path / "tokenizer_config.json"
+        config = json.loads(config_file.read_text()) if config_file.exists() else {}
+        self.bos_token = _special(config.get("bos_token"))
+        self.eos_token = _special(config.get("eos_token"))
+        source = config.get("chat_template")
+        if isinstance(source, list):  # named templates: the "default" one serves chat
+            source = {t["name"]: t["template"] for t in source}.get("default")
+        if (path / "chat_template.jinja").exists():
+            source = (path / "chat_template.jinja").read_text()
+        self.template = compile_template(source) if source else None
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return None if self.eos_token is None else self.tok.token_to_id(self.eos_token)
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if self.template is None:
+            raise TemplateError("this model has no chat template; use /v1/completions")
+        try:
+            return self.template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as e:
+            raise TemplateError(f"chat template failed: {e}") from e
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        # The template already writes any BOS it wants, as transformers' apply_chat_template assumes.
+        return self.encode(self.render_chat(messages), add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        """A single token as it would print alone (special tokens included)."""
+        return self.tok.decode([token_id], skip_special_tokens=False)

@@ -1,0 +1,50 @@
+"""Serve an aiohttp app on a free loopback port from a background thread.
+
+A thread with its own event loop lets synchronous clients (the official `openai` client,
+`requests`-style code) and async tests talk to the server alike without blocking it.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+from aiohttp import web
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LoopbackServer:
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    def __enter__(self) -> LoopbackServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    async def _start(self) -> None:
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def call(self, coro):
+        """Run a coroutine on the server's loop (to reach its state safely) and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=60)

@@ -1,0 +1,202 @@
+"""A fake OpenAI-compatible provider that is as nondeterministic as a real one.
+
+Every call gets a new id, created time, fingerprint and text, and every stream is cut into
+differently sized chunks, so anything a cache gets wrong shows up as differing bytes.
+It can be told to fail, hang, or break a stream off, and it records what it was sent.
+
+Run alone (for benchmarks): python tests/fakes/openai_upstream.py --port 9000
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import secrets
+import time
+from dataclasses import dataclass, field
+
+import orjson
+from aiohttp import web
+
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
+         "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+
+
+@dataclass
+class Noise:
+    """How the fake varies its answers. Defaults vary everything; `words=(n, n)` with a seeded
+    rng still varies ids and chunking, so a test can aim at one kind of difference."""
+
+    words: tuple[int, int] = (5, 40)  # answer length range
+    chunk_chars: tuple[int, int] = (1, 12)  # stream chunk size range
+    seed: int | None = None
+
+
+@dataclass
+class Behaviour:
+    """What the next calls do; tests change these between requests."""
+
+    fail_status: int | None = None  # answer every call with this status
+    fail_times: int | None = None  # ...only this many times (None: until reset)
+    delay_s: float = 0.0  # before answering
+    chunk_delay_s: float = 0.0  # between stream chunks
+    break_stream_after: int | None = None  # close a stream after this many chunks, without [DONE]
+
+
+@dataclass
+class FakeUpstream:
+    noise: Noise = field(default_factory=Noise)
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    calls: list[tuple[str, dict]] = field(default_factory=list)  # (path, body)
+    started: int = 0  # calls that began, including ones still running
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.noise.seed)
+
+    def reset(self) -> None:
+        self.behaviour = Behaviour()
+        self.calls.clear()
+        self.started = 0
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_route("*", "/v1/echo/{tail:.*}", self._echo)
+        return app
+
+    async def _begin(self, request: web.Request) -> tuple[dict, web.Response | None]:
+        self.started += 1
+        body = orjson.loads(await request.read())
+        if self.behaviour.delay_s:
+            await asyncio.sleep(self.behaviour.delay_s)
+        self.calls.append((request.path, body))
+        b = self.behaviour
+        if b.fail_status is not None and (b.fail_times is None or b.fail_times > 0):
+            if b.fail_times is not None:
+                b.fail_times -= 1
+            error = {"error": {"message": f"fake failure {secrets.token_hex(4)}", "type": "server_error",
+                               "param": None, "code": "fake"}}
+            return body, web.Response(status=b.fail_status, body=orjson.dumps(error), content_type="application/json",
+                                      headers={"retry-after": "0"} if b.fail_status == 429 else None)
+        return body, None
+
+    def _text(self) -> str:
+        return " ".join(self.rng.choice(WORDS) for _ in range(self.rng.randint(*self.noise.words)))
+
+    def _head(self, prefix: str, obj: str, model: str) -> dict:
+        return {"id": f"{prefix}-{secrets.token_hex(12)}", "object": obj,
+                "created": int(time.time()) + self.rng.randint(0, 10**6), "model": f"{model}-fake-0001",
+                "system_fingerprint": f"fp_{secrets.token_hex(5)}"}
+
+    def _usage(self, text: str) -> dict:
+        completion = len(text.split())
+        return {"prompt_tokens": 7, "completion_tokens": completion, "total_tokens": 7 + completion}
+
+    def _pieces(self, text: str) -> list[str]:
+        pieces, at = [], 0
+        while at < len(text):
+            step = self.rng.randint(*self.noise.chunk_chars)
+            pieces.append(text[at:at + step])
+            at += step
+        return pieces
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body, failure = await self._begin(request)
+        if failure:
+            return failure
+        n = body.get("n") or 1
+        texts = [self._text() for _ in range(n)]
+        head = self._head("chatcmpl", "chat.completion", body["model"])
+        if not body.get("stream"):
+            choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None,
+                        "finish_reason": "stop"} for i, t in enumerate(texts)]
+            usage = self._usage(" ".join(texts))
+            return web.json_response({**head, "choices": choices, "usage": usage}, dumps=_dumps)
+        head["object"] = "chat.completion.chunk"
+        chunks = []
+        for i, text in enumerate(texts):
+            chunks.append({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                "logprobs": None, "finish_reason": None}]})
+            chunks += [{**head, "choices": [{"index": i, "delta": {"content": p}, "logprobs": None, "finish_reason": None}]}
+                       for p in self._pieces(text)]
+            chunks.append({**head, "choices": [{"index": i, "delta": {}, "logprobs": None, "finish_reason": "stop"}]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append({**head, "choices": [], "usage": self._usage(" ".join(texts))})
+        return await self._stream(request, chunks)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body, failure = await self._begin(request)
+        if failure:
+            return failure
+        text = self._text()
+        head = self._head("cmpl", "text_completion", body["model"])
+        if not body.get("stream"):
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+            return web.json_response({**head, "choices": [choice], "usage": self._usage(text)}, dumps=_dumps)
+        chunks = [{**head, "choices": [{"index": 0, "text": p, "logprobs": None, "finish_reason": None}]}
+                  for p in self._pieces(text)]
+        chunks.append({**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]})
+        return await self._stream(request, chunks)
+
+    async def _stream(self, request: web.Request, chunks: list[dict]) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        # Write several events per TCP write, split at random, like a real provider under load.
+        wire = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
+        breaking = self.behaviour.break_stream_after
+        if breaking is not None:
+            wire = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks[:breaking])
+        else:
+            wire += b"data: [DONE]\n\n"
+        at = 0
+        while at < len(wire):
+            step = self.rng.randint(1, 200)
+            await response.write(wire[at:at + step])
+            at += step
+            if self.behaviour.chunk_delay_s:
+                await asyncio.sleep(self.behaviour.chunk_delay_s)
+        if breaking is not None:
+            request.transport.close()  # a dropped connection, not a clean end
+            return response
+        await response.write_eof()
+        return response
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        body, failure = await self._begin(request)
+        if failure:
+            return failure
+        inputs = body["input"] if isinstance(body["input"], list) and body["input"] and not isinstance(body["input"][0], int) else [body["input"]]
+        data = [{"object": "embedding", "index": i, "embedding": [self.rng.uniform(-1, 1) for _ in range(8)]}
+                for i in range(len(inputs))]
+        return web.json_response({"object": "list", "data": data, "model": f"{body['model']}-fake-0001",
+                                  "usage": {"prompt_tokens": 3, "total_tokens": 3}}, dumps=_dumps)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0,
+                                                               "owned_by": "fake"}]})
+
+    async def _echo(self, request: web.Request) -> web.Response:
+        return web.json_response({"method": request.method, "path": request.path, "query": dict(request.query),
+                                  "authorization": request.headers.get("Authorization"),
+                                  "body": (await request.read()).decode()})
+
+
+def _dumps(obj) -> str:
+    return orjson.dumps(obj).decode()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--words", type=int, nargs=2, default=(5, 40))
+    args = parser.parse_args()
+    web.run_app(FakeUpstream(Noise(words=tuple(args.words))).app(), host=args.host, port=args.port,
+                access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

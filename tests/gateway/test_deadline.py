@@ -1,0 +1,36 @@
+"""One deadline, read by every stage, and the aiohttp timeouts derived from it."""
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from gateway.deadline import Deadline, client_timeout
+from fault_upstream import FaultPlan, FaultUpstream
+
+
+def test_remaining_never_goes_negative():
+    now = [10.0]
+    d = Deadline.after(5, clock=lambda: now[0])
+    assert d.remaining() == 5 and not d.expired() and d.allows(4.9) and not d.allows(5)
+    now[0] = 20.0
+    assert d.remaining() == 0 and d.expired()
+
+
+def test_client_timeout_is_capped_by_the_deadline():
+    now = [0.0]
+    d = Deadline.after(3, clock=lambda: now[0])
+    t = client_timeout(d, connect=1, idle=10)
+    assert (t.total, t.sock_connect, t.sock_read) == (3, 1, 3)
+
+
+async def test_a_stalled_stream_fails_after_the_idle_timeout_not_the_deadline():
+    async with FaultUpstream(FaultPlan(stall_s=0.6), seed=9) as up, aiohttp.ClientSession() as http:
+        up.script.append("stall")
+        start = time.monotonic()
+        with pytest.raises(asyncio.TimeoutError):
+            async with http.post(f"{up.url}/chat/completions", timeout=client_timeout(Deadline.after(30), 1, 0.2),
+                                 json={"model": "m", "messages": [], "stream": True}) as r:
+                async for _ in r.content.iter_any():
+                    pass
+        assert 0.2 <= time.monotonic() - start < 0.55  # before the stall ends at 0.6 s

@@ -1,0 +1,72 @@
+"""Both stores keep the same promises: first writer wins, leases lapse, owners are checked."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.memory_store import MemoryStore
+from gateway.redis_store import RedisStore
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request):
+    if request.param == "memory":
+        s = MemoryStore(1 << 20)
+    else:
+        s = RedisStore(request.getfixturevalue("redis_url"))
+    yield s
+    await s.close()
+
+
+async def test_first_writer_wins(store):
+    assert await store.get("k") is None
+    assert await store.put_nx("k", b"first") is True
+    assert await store.put_nx("k", b"second") is False
+    assert await store.get("k") == b"first"
+    await store.put("k", b"refreshed")
+    assert await store.get("k") == b"refreshed"
+
+
+async def test_lock_is_exclusive_owned_and_leased(store):
+    assert await store.try_lock("k", "a", 200)
+    assert not await store.try_lock("k", "b", 200)
+    assert not await store.renew("k", "b", 200)
+    await store.unlock("k", "b")  # not b's to release
+    assert not await store.try_lock("k", "b", 200)
+    assert await store.renew("k", "a", 200)
+    await asyncio.sleep(0.3)  # the lease lapses without renewal
+    assert await store.try_lock("k", "b", 200)
+    await store.unlock("k", "b")
+    assert await store.try_lock("k", "a", 200)
+
+
+async def test_memory_store_evicts_least_recently_used_within_its_budget():
+    store = MemoryStore(100)
+    await store.put_nx("a", b"x" * 39)  # 40 bytes with its key
+    await store.put_nx("b", b"x" * 39)
+    await store.get("a")  # a is now more recent than b
+    await store.put_nx("c", b"x" * 39)
+    assert (await store.get("a"), await store.get("b")) == (b"x" * 39, None)
+    assert store.nbytes == 80 and len(store) == 2
+    assert await store.put_nx("huge", b"x" * 200) is False  # never fits: stored nowhere, evicts nothing
+    assert store.nbytes == 80
+
+
+async def test_near_cache_reuses_reads_for_its_ttl_and_sees_its_own_refreshes(redis_url):
+    import redis.asyncio as aioredis
+
+    from gateway.near_cache import NearCache
+    from gateway.redis_store import ENTRY_PREFIX
+    now = [0.0]
+    near = NearCache(RedisStore(redis_url), ttl_s=1.0, max_bytes=1 << 20, clock=lambda: now[0])
+    other = aioredis.Redis.from_url(redis_url)
+    assert await near.put_nx("k", b"v1")
+    await other.set(ENTRY_PREFIX + "k", b"v2")  # a refresh made by another replica
+    assert await near.get("k") == b"v1"  # not seen yet...
+    now[0] = 1.5
+    assert await near.get("k") == b"v2"  # ...but within the TTL
+    await near.put("k", b"v3")  # a refresh made here is seen at once
+    assert await near.get("k") == b"v3"
+    await other.aclose()
+    await near.close()

@@ -1,0 +1,24 @@
+"""A small load + fault run (bench/load_faults.py) through two real gateway processes:
+Redis is killed -9 and restarted while the upstream fails in every way it can.
+Nothing may be lost and no stored entry may be partial, an error, or change under a reader."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_nothing_lost_and_nothing_corrupt_under_faults(tmp_path):
+    out = tmp_path / "run"
+    subprocess.run([sys.executable, str(REPO / "bench" / "load_faults.py"), "--requests", "600",
+                    "--gateways", "2", "--concurrency", "24", "--hot-keys", "50", "--kill-every", "1.5",
+                    "--down-for", "0.5", "--stall-s", "0.5", "--max-seconds", "60", "--out", str(out)],
+                   check=True, timeout=180, cwd=REPO, capture_output=True)
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["requests_sent"] == 600 and report["redis_kills"] >= 1
+    assert report["lost"] == 0, report["outcomes"]
+    assert report["corrupt_entries"] == 0, report["corrupt_examples"]
+    assert report["processes_died"] == []
+    assert report["answered_ok"] > 0 and report["errors"] > 0  # the faults really happened
+    assert report["outcomes"].get("ok:hit", 0) > 0

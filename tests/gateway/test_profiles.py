@@ -1,0 +1,217 @@
+import copy
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.canonical import canonical_json, canonicalize
+from gateway.profiles import (
+    DEFAULT_ALIASES,
+    MODES,
+    PROFILES,
+    Profile,
+    RandomnessError,
+    alias_table,
+    derandomize,
+    merge_n,
+    parse_mode,
+    profile_from_dict,
+    resolve_model,
+    split_n,
+)
+
+OPENAI, GENERIC, WHITEBOX = PROFILES["openai"], PROFILES["generic-openai-compatible"], PROFILES["whitebox"]
+
+
+def chat(**params):
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **params}
+
+
+def test_enforce_takes_every_source_of_randomness_out():
+    body, warnings = derandomize("chat.completions", chat(top_p=0.9, top_k=40), OPENAI, "enforce")
+    assert body == chat(temperature=0, top_p=1, seed=0)
+    assert warnings == ["temperature set to 0 (was absent)", "top_p forced to 1 (was 0.9)",
+                        "top_k removed", "seed set to 0 (was absent)"]
+    assert all(w.isascii() and "\n" not in w for w in warnings)
+
+
+def test_enforce_on_an_already_deterministic_request_changes_nothing_and_warns_nothing():
+    request = chat(temperature=0, top_p=1, seed=7)
+    assert derandomize("chat.completions", request, OPENAI, "enforce") == (request, [])
+
+
+def test_absent_top_p_is_made_explicit_without_a_warning():
+    body, warnings = derandomize("completions", {"model": "m", "prompt": "p", "temperature": 0, "seed": 1},
+                                 GENERIC, "enforce")
+    assert body["top_p"] == 1 and warnings == []
+
+
+def test_null_counts_as_absent():
+    body, _ = derandomize("chat.completions", chat(temperature=None, seed=None, top_p=None), OPENAI, "enforce")
+    assert body["temperature"] == 0 and body["seed"] == 0 and body["top_p"] == 1
+
+
+def test_positive_temperature_is_kept_but_warned_about_on_black_box_providers():
+    body, warnings = derandomize("chat.completions", chat(temperature=0.7, seed=3), OPENAI, "enforce")
+    assert body["temperature"] == 0.7
+    assert warnings == ["temperature 0.7 samples; openai honours a seed on a best-effort basis only"]
+
+
+def test_a_profile_that_cannot_take_zero_sends_a_tiny_positive_value():
+    tiny = profile_from_dict({"name": "fussy", "zero_temperature": 1e-5})
+    body, warnings = derandomize("chat.completions", chat(seed=1), tiny, "enforce")
+    assert body["temperature"] == 1e-5 and warnings == ["temperature set to 1e-05 (was absent)"]
+    body, warnings = derandomize("chat.completions", chat(temperature=0, seed=1), tiny, "enforce")
+    assert body["temperature"] == 1e-5 and "reads 0 as its default" in warnings[0]
+    assert derandomize("chat.completions", body, tiny, "enforce") == (body, [])
+    assert derandomize("chat.completions", body, tiny, "reject") == (body, [])
+
+
+def test_whitebox_keeps_sampling_as_given_but_fixes_the_seed():
+    request = chat(temperature=0.8, top_p=0.5, top_k=20)
+    body, warnings = derandomize("chat.completions", request, WHITEBOX, "enforce")
+    assert body == {**request, "seed": 0} and warnings == ["seed set to 0 (was absent)"]
+    assert derandomize("chat.completions", chat(seed=5), WHITEBOX, "enforce") == (chat(seed=5), [])
+
+
+@pytest.mark.parametrize("request_, param", [
+    (chat(seed=1), "temperature"),
+    (chat(temperature=0, seed=1, top_p=0.5), "top_p"),
+    (chat(temperature=0, seed=1, top_k=5), "top_k"),
+    (chat(temperature=0), "seed"),
+    (chat(temperature=1.2, seed=1), "temperature"),
+])
+def test_reject_names_the_parameter_that_adds_randomness(request_, param):
+    with pytest.raises(RandomnessError) as err:
+        derandomize("chat.completions", request_, OPENAI, "reject")
+    error = err.value.error()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert set(error) == {"message", "type", "param", "code"} and param in error["message"]
+
+
+def test_reject_passes_a_deterministic_request_untouched():
+    request = chat(temperature=0, seed=1)
+    assert derandomize("chat.completions", request, OPENAI, "reject") == (request, [])
+
+
+def test_off_and_embeddings_pass_through():
+    request = chat(top_k=3)
+    assert derandomize("chat.completions", request, OPENAI, "off") == (request, [])
+    emb = {"model": "e", "input": "x"}
+    assert derandomize("embeddings", emb, OPENAI, "enforce") == (emb, [])
+
+
+def test_unknown_mode_is_an_error():
+    with pytest.raises(ValueError):
+        derandomize("chat.completions", chat(), OPENAI, "sometimes")
+
+
+def test_parse_mode():
+    assert [parse_mode(m.upper() + " ") for m in MODES] == list(MODES)
+    with pytest.raises(ValueError, match="enforce, reject, off"):
+        parse_mode("strict")
+
+
+def test_n_is_refused_by_a_reject_profile_in_both_modes():
+    strict = profile_from_dict({"name": "one-at-a-time", "n_policy": "reject"})
+    for mode in ("enforce", "reject"):
+        with pytest.raises(RandomnessError) as err:
+            derandomize("chat.completions", chat(temperature=0, seed=1, n=3), strict, mode)
+        assert err.value.param == "n"
+    assert derandomize("chat.completions", chat(n=3), strict, "off")[0]["n"] == 3
+
+
+def test_n_split_plan_has_consecutive_seeds_and_one_answer_each():
+    body, _ = derandomize("chat.completions", chat(n=3, seed=10), OPENAI, "enforce")
+    plan = split_n(body)
+    assert [p["seed"] for p in plan] == [10, 11, 12]
+    assert all("n" not in p and p["messages"] == body["messages"] for p in plan)
+    assert split_n(chat(seed=1)) == [chat(seed=1)] and split_n(chat(n=1)) == [chat(n=1)]
+
+
+def test_sub_requests_get_distinct_keys():
+    plan = split_n(derandomize("chat.completions", chat(n=4), OPENAI, "enforce")[0])
+    assert len({canonical_json(canonicalize("chat.completions", p).body) for p in plan}) == 4
+
+
+def response(i, text, completion_tokens=3):
+    return {"id": f"chatcmpl-{i}", "object": "chat.completion", "created": 100 + i, "model": "m",
+            "system_fingerprint": f"fp{i}",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": completion_tokens,
+                      "total_tokens": 5 + completion_tokens,
+                      "completion_tokens_details": {"reasoning_tokens": 1}}}
+
+
+def test_merge_n_keeps_plan_order_and_bills_the_prompt_once():
+    merged = merge_n([response(0, "a", 2), response(1, "b", 3), response(2, "c", 4)])
+    assert [c["message"]["content"] for c in merged["choices"]] == ["a", "b", "c"]
+    assert [c["index"] for c in merged["choices"]] == [0, 1, 2]
+    assert merged["id"] == "chatcmpl-0" and merged["created"] == 100 and merged["system_fingerprint"] == "fp0"
+    assert merged["usage"]["prompt_tokens"] == 5 and merged["usage"]["completion_tokens"] == 9
+    assert merged["usage"]["total_tokens"] == 14
+    assert merged["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}
+
+
+def test_merge_n_without_usage_everywhere_leaves_the_first_usage_alone():
+    parts = [response(0, "a"), {**response(1, "b")}]
+    del parts[1]["usage"]
+    assert merge_n(parts)["usage"] == parts[0]["usage"]
+    with pytest.raises(ValueError):
+        merge_n([])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.fixed_dictionaries({}, optional={
+    "temperature": st.none() | st.floats(0, 2), "top_p": st.none() | st.floats(0, 1),
+    "top_k": st.integers(0, 50), "seed": st.none() | st.integers(0, 2**31), "n": st.integers(1, 4)}),
+    st.sampled_from([*PROFILES.values(), Profile("fussy", zero_temperature=1e-5)]))
+def test_enforce_is_idempotent_and_pure(params, profile):
+    request = chat(**params)
+    before = copy.deepcopy(request)
+    once, _ = derandomize("chat.completions", request, profile, "enforce")
+    assert request == before
+    again, warnings = derandomize("chat.completions", once, profile, "enforce")
+    assert again == once
+    assert all(w.startswith("temperature ") for w in warnings)  # only the best-effort note repeats
+    # What enforce produced, reject accepts, unless it samples on a black-box provider.
+    if not (profile.fix_sampling and once["temperature"] not in (0, profile.zero_temperature)):
+        assert derandomize("chat.completions", once, profile, "reject") == (once, [])
+
+
+def test_user_defined_profile_from_config():
+    p = profile_from_dict({"name": "local-vllm", "base": "whitebox", "seed": 42})
+    assert p == Profile("local-vllm", default_temperature=None, fix_sampling=False, seed=42)
+    assert profile_from_dict({"name": "x"}) == Profile("x")
+
+
+@pytest.mark.parametrize("spec, complaint", [
+    ({}, "name"),
+    ({"name": "x", "base": "nope"}, "unknown base"),
+    ({"name": "x", "temprature": 0}, "unknown fields"),
+    ({"name": "x", "zero_temperature": 0.5}, "zero_temperature"),
+    ({"name": "x", "seed": "1"}, "seed"),
+    ({"name": "x", "n_policy": "merge"}, "n_policy"),
+    ({"name": "x", "fix_sampling": 1}, "fix_sampling"),
+    ({"name": "x", "default_temperature": "0"}, "default_temperature"),
+    ({"name": "x", "default_temperature": -1}, "default_temperature"),
+])
+def test_bad_profile_specs_are_named(spec, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        profile_from_dict(spec)
+
+
+def test_aliases_pin_public_names_and_config_overrides_them():
+    assert resolve_model("gpt-4o") == ("gpt-4o-2024-08-06", True)
+    assert resolve_model("gpt-4o-2024-08-06") == ("gpt-4o-2024-08-06", False)
+    assert resolve_model("my-finetune") == ("my-finetune", False)
+    table = alias_table({"gpt-4o": "gpt-4o-2024-11-20", "gpt-4o-mini": None, "fast": "gpt-4.1-nano-2025-04-14"})
+    assert resolve_model("gpt-4o", table) == ("gpt-4o-2024-11-20", True)
+    assert resolve_model("gpt-4o-mini", table) == ("gpt-4o-mini", False)
+    assert resolve_model("fast", table) == ("gpt-4.1-nano-2025-04-14", True)
+    assert alias_table() == DEFAULT_ALIASES and alias_table() is not DEFAULT_ALIASES
+
+
+def test_default_aliases_point_at_dated_snapshots_never_at_other_aliases():
+    assert not set(DEFAULT_ALIASES.values()) & set(DEFAULT_ALIASES)
+    assert all(pinned.startswith(name + "-") for name, pinned in DEFAULT_ALIASES.items())

@@ -1,0 +1,284 @@
+"""Sampling reductions: bits, invariance, tie rules, accuracy and distributions.
+
+Without CUDA the Triton kernels run under TRITON_INTERPRET=1 at small V (a few
+milliseconds per program, so thousands of draws are out of reach there): the
+distribution checks then run on the torch reference, which the interpreter is
+shown to match token for token. With CUDA the same tests run on the GPU and the
+`gpu` ones add the real vocabulary, V = 152064 (Qwen2/3), in bf16 and fp32.
+"""
+import pytest
+import torch
+
+from kernels import mode, philox, sampling, sampling_triton
+
+QWEN_VOCAB = 152064
+
+
+def _params(gen, n, device, greedy_every=5):
+    """Mixed per-row sampling parameters: some greedy rows, some top-k, some top-p, some both."""
+    temperature = torch.rand(n, generator=gen) * 1.5 + 0.05
+    temperature[::greedy_every] = 0.0
+    top_k = torch.randint(1, 40, (n,), generator=gen, dtype=torch.int32)
+    top_k[::3] = 0
+    top_p = torch.rand(n, generator=gen) * 0.95 + 0.02
+    top_p[::2] = 1.0
+    seeds = torch.randint(-2**63, 2**63 - 1, (n,), generator=gen)
+    steps = torch.randint(0, 2**40, (n,), generator=gen)
+    return [t.to(device) for t in (seeds, steps, temperature, top_k, top_p)]
+
+
+def _tied_logits(gen, n, vocab, device, dtype=torch.float32):
+    # Rounding to halves makes many exact ties, including at the top-k / top-p boundary.
+    x = (torch.randn(n, vocab, generator=gen) * 3).mul(2).round().div(2)
+    return x.to(device=device, dtype=dtype)
+
+
+def _rows(args, rows):
+    return [a[rows] for a in args]
+
+
+# ---------------------------------------------------------------- generator
+
+
+def test_philox_reference_matches_random123_known_answers():
+    vectors = [  # (counter, key) -> output, from Random123's kat_vectors for philox4x32_10
+        ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+        ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+        ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+         (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    ]
+    for counter, key, expected in vectors:
+        words = philox.philox4x32_reference(*(torch.tensor([v]) for v in counter + key))
+        assert tuple(w.item() for w in words) == expected
+
+
+def test_triton_noise_bits_equal_reference(gen, device):
+    seeds = torch.cat([torch.tensor([0, -1, 2**32, 2**63 - 1]), torch.randint(-2**63, 2**63 - 1, (4,), generator=gen)])
+    steps = torch.cat([torch.tensor([0, 2**32 + 5, 1, 2**62]), torch.randint(0, 2**40, (4,), generator=gen)])
+    vocab = 1003  # not a multiple of 4: the last Philox group is cut short
+    got = sampling_triton.random_bits(seeds.to(device), steps.to(device), vocab)
+    assert torch.equal(got.cpu(), philox.random_bits_reference(seeds, steps, vocab))
+    assert got[0, :4].tolist() == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]  # seed 0, step 0
+
+
+# ---------------------------------------------------------------- reductions
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [1, 37, 4096 + 129])
+def test_logsumexp_and_log_softmax_match_fp64(randn, dtype, vocab):
+    x = randn(3, vocab, dtype=dtype) * 4
+    x[1, ::3] = float("-inf")
+    exact = torch.log_softmax(x.double(), dim=-1)
+    got = sampling.log_softmax(x)
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    finite = torch.isfinite(exact)
+    assert torch.equal(torch.isfinite(got), finite)
+    assert torch.allclose(got[finite].double(), exact[finite], atol=1e-5, rtol=1e-5)
+    lse = sampling.logsumexp(x)
+    assert lse.dtype == torch.float32 and lse.shape == (3,)
+    assert torch.allclose(lse.double(), torch.logsumexp(x.double(), dim=-1), atol=1e-5, rtol=1e-6)
+
+
+def test_argmax_breaks_ties_by_lowest_id(device):
+    vocab = 2 * 4096 + 77  # three chunks: ties inside a chunk, across chunks, in the same lane
+    x = torch.zeros(5, vocab, device=device)
+    x[0, [4100, 4, 9]] = 7.0
+    x[1, [8200, 8193]] = 3.0
+    x[2] = -1.0  # every token ties
+    x[3, [vocab - 1]] = 1.0
+    x[4] = float("-inf")
+    assert sampling.argmax(x).tolist() == [4, 8193, 0, vocab - 1, 0]
+
+
+def test_argmax_matches_reference_on_bf16(gen, device):
+    x = _tied_logits(gen, 16, 5000, device, torch.bfloat16)
+    got = sampling.argmax(x)
+    assert got.dtype == torch.int64
+    assert torch.equal(got.cpu(), sampling.argmax_reference(x.float().cpu()))
+
+
+# ---------------------------------------------------------------- sampler semantics
+
+
+def test_greedy_is_argmax_whatever_top_k_top_p(gen, device):
+    x = _tied_logits(gen, 12, 300, device)
+    seeds, steps, _, top_k, top_p = _params(gen, 12, device)
+    temperature = torch.zeros(12, device=device)
+    assert torch.equal(sampling.sample(x, seeds, steps, temperature, top_k, top_p), sampling.argmax(x))
+
+
+def test_sampler_matches_reference_token_for_token(gen, device):
+    x = _tied_logits(gen, 24, 300, device)
+    args = _params(gen, 24, device)
+    got = sampling.sample(x, *args)
+    want = sampling.sample_reference(x.cpu(), *(a.cpu() for a in args))
+    assert torch.equal(got.cpu(), want)
+
+
+def test_keep_mask_semantics_are_the_documented_prefix():
+    # softmax mass 0.5, 0.2, 0.2, 0.1 (tokens 1 and 2 tie).
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.2, 0.1]] * 5))
+    top_k = torch.tensor([0, 0, 2, 1, 3], dtype=torch.int32)
+    top_p = torch.tensor([0.6, 0.65, 1.0, 0.99, 0.75])
+    mask = sampling.keep_mask(logits, top_k, top_p)
+    assert mask.tolist() == [
+        [True, True, False, False],   # 0.5 < 0.6: the crossing token 1 is in, its tie 2 (higher id) is not
+        [True, True, False, False],   # likewise for any p in (0.5, 0.7]
+        [True, True, False, False],   # top-k 2 takes the lower id of the tie
+        [True, False, False, False],  # top-k 1 is shorter than top-p 0.99
+        [True, True, True, False],    # top-p 0.75 needs three tokens, top-k allows three
+    ]
+
+
+def test_sampler_only_draws_from_the_kept_set(device):
+    vocab = 6
+    logits = torch.log(torch.tensor([0.05, 0.3, 0.3, 0.25, 0.05, 0.05])).expand(32, vocab).contiguous().to(device)
+    n = logits.shape[0]
+    seeds = torch.arange(n, device=device)
+    steps = torch.zeros(n, dtype=torch.int64, device=device)
+    temperature = torch.ones(n, device=device)
+    top_k = torch.where(torch.arange(n, device=device) < n // 2, 2, 0).to(torch.int32)
+    top_p = torch.where(torch.arange(n, device=device) < n // 2, 1.0, 0.7)
+    drawn = sampling.sample(logits, seeds, steps, temperature, top_k, top_p)
+    assert set(drawn[: n // 2].tolist()) == {1, 2}
+    assert set(drawn[n // 2:].tolist()) == {1, 2, 3}  # 0.3 + 0.3 < 0.7 <= 0.3 + 0.3 + 0.25
+
+
+# ---------------------------------------------------------------- invariance
+
+
+@pytest.mark.parametrize("op", ["log_softmax", "logsumexp", "argmax", "sample"])
+def test_row_bits_do_not_depend_on_batch(gen, device, op):
+    vocab = 4096 + 300 if op != "sample" else 300
+    for _ in range(3):
+        batch = int(torch.randint(2, 9, (1,), generator=gen))
+        x = _tied_logits(gen, batch, vocab, device)
+        args = _params(gen, batch, device, greedy_every=4)
+        run = {
+            "log_softmax": lambda rows: sampling.log_softmax(x[rows]),
+            "logsumexp": lambda rows: sampling.logsumexp(x[rows]),
+            "argmax": lambda rows: sampling.argmax(x[rows]),
+            "sample": lambda rows: sampling.sample(x[rows], *_rows(args, rows)),
+        }[op]
+        together = run(torch.randperm(batch, generator=gen).to(device))
+        order = torch.randperm(batch, generator=gen).to(device)
+        shuffled = run(order)
+        for position, row in enumerate(order.tolist()):
+            alone = run(torch.tensor([row], device=device))
+            assert torch.equal(shuffled[position], alone[0])
+        assert sorted(together.flatten().tolist()) == sorted(shuffled.flatten().tolist())
+
+
+# ---------------------------------------------------------------- replay and statistics
+
+
+def test_same_seed_and_step_replay_and_steps_differ(device):
+    vocab = 64
+    logits = torch.zeros(32, vocab, device=device)  # uniform: every token equally likely
+    seeds = torch.full((32,), 1234, device=device)
+    steps = torch.arange(32, device=device)
+    params = (torch.ones(32, device=device), torch.zeros(32, dtype=torch.int32, device=device),
+              torch.ones(32, device=device))
+    first = sampling.sample(logits, seeds, steps, *params)
+    assert torch.equal(first, sampling.sample(logits, seeds, steps, *params))
+    assert len(set(first.tolist())) > 16  # 32 draws from 64 tokens: a stuck stream would repeat
+
+
+def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def _draw(logits_row, n, temperature, top_k, top_p, step=0):
+    """n draws for one distribution, one per seed: on the GPU through the Triton kernel, else the reference."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    logits = logits_row.to(device).expand(n, -1).contiguous()
+    args = (torch.arange(n, device=device) * 7919 + 11, torch.full((n,), step, device=device),
+            torch.full((n,), temperature, device=device), torch.full((n,), top_k, dtype=torch.int32, device=device),
+            torch.full((n,), top_p, device=device))
+    if device == "cpu":
+        return sampling.sample_reference(logits, *args)
+    with mode("invariant"):
+        return sampling.sample(logits, *args).cpu()
+
+
+# chi-square critical values at p = 0.001 for the degrees of freedom used below
+_CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88}
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.6, 0, 1.0), (1.7, 0, 1.0),
+                                                     (1.0, 4, 1.0), (0.9, 0, 0.8), (1.2, 6, 0.9)])
+def test_draws_follow_the_filtered_softmax(temperature, top_k, top_p):
+    logits = torch.tensor([1.2, -0.3, 0.4, 2.0, 0.0, -1.1, 0.9, 0.5, -0.6, 1.5])
+    n = 20000
+    counts = torch.bincount(_draw(logits, n, temperature, top_k, top_p), minlength=10).double()
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    keep = sampling.keep_mask((logits / temperature).view(1, -1), torch.tensor([top_k]), torch.tensor([top_p]))[0]
+    probs = torch.where(keep, probs, 0.0)
+    probs /= probs.sum()
+    assert counts[~keep].sum() == 0
+    assert _chi_square(counts[keep], probs[keep]) < _CHI2_999[int(keep.sum()) - 1]
+
+
+def test_consecutive_steps_are_independent():
+    logits = torch.zeros(4)
+    n = 20000
+    a = _draw(logits, n, 1.0, 0, 1.0, step=0)
+    b = _draw(logits, n, 1.0, 0, 1.0, step=1)
+    table = torch.bincount(a * 4 + b, minlength=16).double().view(4, 4)
+    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / n
+    assert float(((table - expected) ** 2 / expected).sum()) < _CHI2_999[9]
+
+
+# ---------------------------------------------------------------- modes and errors
+
+
+def test_standard_mode_is_the_stock_torch_sampler(gen, device):
+    x = _tied_logits(gen, 8, 100, device)
+    args = _params(gen, 8, device, greedy_every=2)
+    with mode("standard"):
+        drawn = sampling.sample(x, *args)
+        assert torch.equal(sampling.argmax(x), torch.argmax(x, dim=-1))
+        assert torch.equal(sampling.log_softmax(x), torch.log_softmax(x, dim=-1))
+    keep = sampling.keep_mask(sampling.scale(x, args[2]), args[3], args[4])
+    assert keep.gather(1, drawn.view(-1, 1)).all()
+    greedy = args[2] == 0
+    assert torch.equal(drawn[greedy], torch.argmax(x, dim=-1)[greedy])
+
+
+def test_bad_shapes_are_rejected(device):
+    x = torch.zeros(2, 10, device=device)
+    ones = torch.ones(2, device=device)
+    ints = torch.zeros(2, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="2-D"):
+        sampling.argmax(torch.zeros(10, device=device))
+    with pytest.raises(ValueError, match="top_p"):
+        sampling.sample(x, ints, ints, ones, ints.int(), torch.ones(3, device=device))
+
+
+# ---------------------------------------------------------------- real vocabulary, GPU
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_real_vocab_invariance_and_reference(gpu, gen, dtype):
+    batch = 64
+    x = (torch.randn(batch, QWEN_VOCAB, generator=gen) * 4).to("cuda", dtype)
+    x[:, 1000:2000:7] = x[:, 999:1000]  # exact ties spread over the row
+    args = _params(gen, batch, "cuda")
+    results = {
+        "lse": sampling.logsumexp(x), "lsm": sampling.log_softmax(x),
+        "argmax": sampling.argmax(x), "sample": sampling.sample(x, *args),
+    }
+    for row in torch.randperm(batch, generator=gen)[:8].tolist():
+        rows = torch.tensor([row], device="cuda")
+        assert torch.equal(results["lse"][row], sampling.logsumexp(x[rows])[0])
+        assert torch.equal(results["lsm"][row], sampling.log_softmax(x[rows])[0])
+        assert torch.equal(results["argmax"][row], sampling.argmax(x[rows])[0])
+        assert torch.equal(results["sample"][row], sampling.sample(x[rows], *_rows(args, rows))[0])
+    assert torch.equal(results["argmax"], sampling.argmax_reference(x.float()))
+    assert torch.equal(results["sample"], sampling.sample_reference(x, *args))
+    exact = torch.log_softmax(x.double(), dim=-1)
+    assert torch.allclose(results["lsm"].double(), exact, atol=1e-4, rtol=1e-5)
+    assert torch.equal(sampling_triton.random_bits(args[0], args[1], QWEN_VOCAB),
+                       philox.random_bits_reference(args[0], args[1], QWEN_VOCAB))
