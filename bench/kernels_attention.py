@@ -19,7 +19,6 @@ Writes kernels_attention.{md,json,png} under --out and prints the tables.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import random
 import subprocess
@@ -37,6 +36,8 @@ from kernels import attention_triton as at  # noqa: E402
 from kernels.attention import paged_attention, store_kv  # noqa: E402
 
 H, H_KV, D, PAGE = 32, 8, 128, 16
+# cuDNN is timed last, in its own section: a backend that faults would poison the CUDA context.
+SAFE_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
 DTYPE = torch.bfloat16
 DEV = "cuda"
 MAX_OTHER = 4096  # KV length bound of the other sequences in invariance scenarios
@@ -80,7 +81,7 @@ class PagedKV:
         return (torch.tensor(pages, dtype=torch.int64)[idx // PAGE] * PAGE + idx % PAGE).to(DEV)
 
 
-def run_scenario(seq, chunks, cached, n_others, rng, gen, path):
+def run_scenario(seq, chunks, cached, n_others, rng, gen, path, config=None):
     """Target rows (positions cached..L-1) after running `seq` in the given chunks inside random batches.
 
     The other sequences keep random KV in their own pages; each step each one
@@ -88,7 +89,7 @@ def run_scenario(seq, chunks, cached, n_others, rng, gen, path):
     """
     q, k, v = seq
     L, max_other = q.shape[0], MAX_OTHER
-    cache = PagedKV(L // PAGE + 1 + n_others * (max_other // PAGE), rng)
+    cache = PagedKV(L // PAGE + 1 + n_others * -(-max_other // PAGE), rng)
     pages = cache.take(L)
     other_pages = [cache.take(max_other) for _ in range(n_others)]
     for p in other_pages:
@@ -114,7 +115,7 @@ def run_scenario(seq, chunks, cached, n_others, rng, gen, path):
         args = (torch.cat([x for x, _, _ in batch]), cache.k, cache.v, tables, cu, kv_lens, D ** -0.5)
         kw = dict(max_q_len=max(q_lens), max_kv_len=int(kv_lens.max()))
         o = (paged_attention(*args[:-1], **kw) if path == "auto"
-             else at.paged_attention_triton(*args, **kw, split_per_program=path == "split"))
+             else at.paged_attention_triton(*args, **kw, split_per_program=path == "split", config=config))
         rows.append(o[int(cu[at_]): int(cu[at_ + 1])])
         done += q_len
     return torch.cat(rows)
@@ -127,16 +128,6 @@ def chunkings(L, rng):
     cuts = sorted(rng.sample(range(1, n), rng.randint(0, 4)))
     bounds = [0] + cuts + [n]
     return cached, [b - a for a, b in zip(bounds, bounds[1:])] + [1] * decode
-
-
-@contextlib.contextmanager
-def tile_config(block_m, num_warps):
-    saved = at.BLOCK_M, at.NUM_WARPS
-    at.BLOCK_M, at.NUM_WARPS = block_m, num_warps
-    try:
-        yield
-    finally:
-        at.BLOCK_M, at.NUM_WARPS = saved
 
 
 def invariance(n_scenarios, L=5000, seed=0) -> dict:
@@ -158,20 +149,39 @@ def invariance(n_scenarios, L=5000, seed=0) -> dict:
         log.append({"cached": cached, "chunks": chunks, "others": n_others, "path": path,
                     "equal_to_baseline": bool(torch.equal(rows, baseline[cached:]))})
     again = run_scenario(seq, [L], 0, 0, random.Random(seed), gen, "fold")
-    configs = {}
-    for block_m, warps in ((64, 8), (128, 4), (128, 8)):
-        with tile_config(block_m, warps):
-            try:
-                alt = run_scenario(seq, [L], 0, 0, random.Random(seed), gen, "fold")
-                configs[f"BLOCK_M={block_m},warps={warps}"] = int((alt == baseline).all(-1).all(-1).sum())
-            except Exception as e:  # a config the compiler rejects is a finding, not a crash
-                configs[f"BLOCK_M={block_m},warps={warps}"] = f"failed: {type(e).__name__}: {e}"[:200]
     ref = reference_rows(seq)
     err = ((baseline.double() - ref).norm() / ref.norm()).item()
     return {"rows": L, "scenarios": n_scenarios, "max_distinct_patterns_per_row": max(map(len, patterns)),
             "rows_with_more_than_one_pattern": sum(len(p) > 1 for p in patterns),
             "run_to_run_identical": bool(torch.equal(again, baseline)), "rel_err_vs_fp64": err,
-            "alt_configs_rows_equal_of": {"total": L, **configs}, "scenario_log": log}
+            "scenario_log": log}
+
+
+ALT_CONFIGS = ((64, 8), (128, 4), (128, 8), (32, 4), (16, 4))
+
+
+def config_equality(h, h_kv, L=3000, seed=1) -> dict:
+    """Rows equal to the shipped config's, for other (BLOCK_M, num_warps), prefill and decode paths."""
+    global H, H_KV
+    saved, (H, H_KV) = (H, H_KV), (h, h_kv)
+    try:
+        gen = torch.Generator(device=DEV).manual_seed(seed)
+        seq = tuple(torch.randn(L, n, D, device=DEV, generator=gen).to(DTYPE) for n in (H, H_KV, H_KV))
+        chunks = [L - 8] + [1] * 8
+        base = run_scenario(seq, chunks, 0, 0, random.Random(seed), gen, "fold")
+        out = {"G": h // h_kv, "rows": L}
+        for block_m, warps in ALT_CONFIGS:
+            if block_m % (h // h_kv):
+                continue
+            for path in ("fold", "split"):
+                try:
+                    alt = run_scenario(seq, chunks, 0, 0, random.Random(seed), gen, path, (block_m, warps))
+                    out[f"{block_m}x{warps}w/{path}"] = int((alt == base).all(-1).all(-1).sum())
+                except Exception as e:  # a config the compiler rejects is a finding, not a crash
+                    out[f"{block_m}x{warps}w/{path}"] = f"failed: {type(e).__name__}: {e}"[:200]
+        return out
+    finally:
+        H, H_KV = saved
 
 
 def reference_rows(seq):
@@ -193,24 +203,33 @@ def paged_copy(B, ctx, gen):
     return k_cache, v_cache, tables, k, v
 
 
-def fastest_sdpa(q, k, v, causal) -> tuple[float, str]:
+def fastest_sdpa(q, k, v, causal, backends) -> tuple[float, str]:
     best = (float("inf"), "none")
-    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+    for backend in backends:
         t = sdpa_time(q, k, v, causal, backend)
         if t is not None and t < best[0]:
             best = (t, backend.name)
     return best
 
 
+def expand(x):
+    """KV heads repeated for the fused SDPA kernels, which need equal head counts (not timed)."""
+    return x.repeat_interleave(H // H_KV, dim=1)
+
+
 def sdpa_time(q, k, v, causal, backend):
+    gqa = backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH)
+    if not gqa:
+        k, v = expand(k), expand(v)
+
     def call():
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
     try:
         call()
         torch.cuda.synchronize()
         return bench_graph(call)
-    except RuntimeError:
+    except Exception:  # a backend that refuses these shapes is left out of the comparison
         return None
 
 
@@ -221,12 +240,18 @@ def decode_table(bw, shapes, gen) -> list[dict]:
         q = torch.randn(B, H, D, device=DEV, dtype=DTYPE, generator=gen)
         cu = torch.arange(B + 1, device=DEV, dtype=torch.int32)
         kv_lens = torch.full((B,), ctx, device=DEV, dtype=torch.int32)
-        ours = bench_graph(lambda: paged_attention(q, k_cache, v_cache, tables, cu, kv_lens,
-                                                   max_q_len=1, max_kv_len=ctx))
-        sdpa_us, backend = fastest_sdpa(q[:, :, None], k, v, causal=False)
+        print(f"decode B={B} ctx={ctx}", flush=True)
+        call = lambda: paged_attention(q, k_cache, v_cache, tables, cu, kv_lens, max_q_len=1, max_kv_len=ctx)  # noqa: E731
+        got = call()
+        torch.cuda.synchronize()
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            want = F.scaled_dot_product_attention(q[:, :, None], expand(k), expand(v))[:, :, 0]
+        ours = bench_graph(call)
+        sdpa_us, backend = fastest_sdpa(q[:, :, None], k, v, False, SAFE_BACKENDS)
         floor_us = (2 * B * ctx * H_KV * D * 2 + 2 * B * H * D * 2) / bw / 1e3
         out.append({"batch": B, "context": ctx, "invariant_us": ours, "sdpa_us": sdpa_us, "sdpa_backend": backend,
-                    "speed_vs_sdpa": sdpa_us / ours, "floor_us": floor_us, "frac_of_floor": floor_us / ours})
+                    "speed_vs_sdpa": sdpa_us / ours, "floor_us": floor_us, "frac_of_floor": floor_us / ours,
+                    "max_abs_diff_vs_flash": (got.float() - want.float()).abs().max().item()})
         del k_cache, v_cache, k, v
     return out
 
@@ -239,11 +264,15 @@ def prefill_table(tflops, shapes, gen) -> list[dict]:
         cu = torch.arange(0, B * L + 1, L, device=DEV, dtype=torch.int32)
         kv_lens = torch.full((B,), L, device=DEV, dtype=torch.int32)
         qp = q.flatten(0, 1)
-        ours = bench_graph(lambda: paged_attention(qp, k_cache, v_cache, tables, cu, kv_lens,
-                                                   max_q_len=L, max_kv_len=L))
+        print(f"prefill B={B} L={L}", flush=True)
+        row = {"batch": B, "seq_len": L}
+        for name, config in (("invariant", None), ("alt_128x8", (128, 8)), ("alt_128x4", (128, 4))):
+            row[f"{name}_us"] = bench_graph(lambda: at.paged_attention_triton(
+                qp, k_cache, v_cache, tables, cu, kv_lens, D ** -0.5, max_q_len=L, max_kv_len=L, config=config))
+        ours = row["invariant_us"]
         flash = sdpa_time(q.transpose(1, 2), k, v, True, SDPBackend.FLASH_ATTENTION)
         flops = 4 * B * H * L * L * D / 2
-        out.append({"batch": B, "seq_len": L, "invariant_us": ours, "flash_us": flash,
+        out.append({**row, "flash_us": flash,
                     "speed_vs_flash": (flash / ours) if flash else None, "invariant_TFLOPs": flops / ours / 1e6,
                     "frac_of_matmul_peak": flops / ours / 1e6 / tflops})
         del k_cache, v_cache, k, v
@@ -264,6 +293,19 @@ def split_size_sweep(shapes, gen) -> list[dict]:
                 q, k_cache, v_cache, tables, cu, kv_lens, D ** -0.5, max_q_len=1, max_kv_len=ctx, kv_split=split))
         out.append(row)
         del k_cache, v_cache
+    return out
+
+
+def cudnn_decode(decode_rows, gen) -> list[dict]:
+    """cuDNN SDPA on the decode shapes, last of all: if it faults, the rest is already saved."""
+    out = []
+    for r in decode_rows:
+        B, ctx = r["batch"], r["context"]
+        _, _, _, k, v = paged_copy(B, ctx, gen)
+        q = torch.randn(B, H, 1, D, device=DEV, dtype=DTYPE, generator=gen)
+        print(f"cudnn decode B={B} ctx={ctx}", flush=True)
+        out.append({"batch": B, "context": ctx, "cudnn_us": sdpa_time(q, k, v, False, SDPBackend.CUDNN_ATTENTION)})
+        del k, v
     return out
 
 
@@ -312,12 +354,13 @@ def main():
     gen = torch.Generator(device=DEV).manual_seed(0)
     t0 = time.time()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "config": {"BLOCK_M": at.BLOCK_M, "BLOCK_N": at.BLOCK_N, "KV_SPLIT": at.KV_SPLIT,
-                         "num_warps": at.NUM_WARPS, "num_stages": at.NUM_STAGES, "page": PAGE,
+              "config": {"CONFIGS": at.CONFIGS, "BLOCK_N": at.BLOCK_N, "KV_SPLIT": at.KV_SPLIT,
+                         "num_stages": at.NUM_STAGES, "page": PAGE,
                          "heads": H, "kv_heads": H_KV, "head_dim": D, "dtype": str(DTYPE)}}
     if not args.skip_tests:
+        # confcutdir: the repo-level conftest needs the gateway's packages, which a GPU box may lack.
         proc = subprocess.run([sys.executable, "-m", "pytest", "tests/kernels/test_attention.py", "-q", "-p",
-                               "no:cacheprovider"], capture_output=True, text=True)
+                               "no:cacheprovider", "--confcutdir=tests/kernels"], capture_output=True, text=True)
         result["pytest_gpu"] = {"rc": proc.returncode, "tail": proc.stdout[-1500:] + proc.stderr[-500:]}
         print(result["pytest_gpu"]["tail"], flush=True)
         save(result, out)
@@ -327,6 +370,8 @@ def main():
     result["invariance"] = invariance(6 if args.quick else 18)
     inv = {k: v for k, v in result["invariance"].items() if k != "scenario_log"}
     print(f"invariance: {inv}  [{time.time() - t0:.0f}s]", flush=True)
+    result["config_equality"] = [config_equality(h, h_kv) for h, h_kv in ((8, 8), (32, 8), (32, 4))]
+    print(f"config equality: {result['config_equality']}  [{time.time() - t0:.0f}s]", flush=True)
     save(result, out)
     decode_shapes = [(B, c) for B in (1, 8, 32, 64, 128, 256) for c in (512, 2048, 8192, 32768) if B * c <= (1 << 20)]
     prefill_shapes = [(1, 512), (1, 2048), (1, 8192), (1, 16384), (8, 2048), (32, 512)]
@@ -336,7 +381,10 @@ def main():
     print(f"decode done [{time.time() - t0:.0f}s]", flush=True)
     save(result, out)
     result["prefill"] = prefill_table(ceil["bf16_TFLOPs"], prefill_shapes, gen)
+    save(result, out)
     result["split_sweep"] = split_size_sweep([(1, 32768), (1, 8192), (8, 8192), (64, 2048)], gen)
+    save(result, out)
+    result["cudnn_decode"] = cudnn_decode(result["decode"], gen)
     result["seconds"] = time.time() - t0
     save(result, out)
     md = "\n\n".join([
@@ -346,7 +394,10 @@ def main():
         "## Decode (CUDA graphs, median)\n" + table(result["decode"], [
             "batch", "context", "invariant_us", "sdpa_us", "sdpa_backend", "speed_vs_sdpa", "floor_us", "frac_of_floor"]),
         "## Prefill (causal, CUDA graphs, median)\n" + table(result["prefill"], [
-            "batch", "seq_len", "invariant_us", "flash_us", "speed_vs_flash", "invariant_TFLOPs", "frac_of_matmul_peak"]),
+            "batch", "seq_len", "invariant_us", "alt_128x8_us", "alt_128x4_us", "flash_us", "speed_vs_flash",
+            "invariant_TFLOPs", "frac_of_matmul_peak"]),
+        "## Tile configs: rows bit-equal to the shipped config\n" + json.dumps(result["config_equality"], indent=1),
+        "## cuDNN SDPA decode (GQA, timed last)\n" + table(result["cudnn_decode"], ["batch", "context", "cudnn_us"]),
         "## KV split size sweep (decode us)\n" + table(result["split_sweep"], [
             "batch", "context", "split_512_us", "split_1024_us", "split_2048_us"]),
     ])

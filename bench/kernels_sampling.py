@@ -11,7 +11,7 @@ It also counts unique outputs of one row placed alone and at random positions in
 batches of random companions (bits for log_softmax, tokens for the samplers), and
 how many sampled tokens agree between the GPU kernel and the CPU reference.
 
-    python3 bench/kernels_sampling.py [--out bench/results] [--sweep]
+    python3 bench/kernels_sampling.py [--out bench/results]
 """
 from __future__ import annotations
 
@@ -159,26 +159,6 @@ def cross_device() -> dict:
     return result
 
 
-def sweep() -> list[dict]:
-    """Chunk size x warps for each kernel family, B = 256 bf16 (for choosing the constants)."""
-    out = []
-    x = logits_for(256, torch.bfloat16, seed=3)
-    plain, topk = sampling_args(256, 0, 1.0), sampling_args(256, 50, 1.0)
-    for block in (1024, 2048, 4096, 8192):
-        for warps in (4, 8, 16):
-            sampling_triton._REDUCE_BLOCK = sampling_triton._SAMPLE_BLOCK = block
-            sampling_triton._REDUCE_WARPS = sampling_triton._SAMPLE_WARPS = warps
-            row = {"block": block, "warps": warps}
-            for name, fn in {"log_softmax": lambda: sampling.log_softmax(x), "argmax": lambda: sampling.argmax(x),
-                             "sample": lambda: sampling.sample(x, *plain),
-                             "sample top-k": lambda: sampling.sample(x, *topk)}.items():
-                with mode("invariant"):
-                    row[name] = do_bench(fn, return_mode="median") * 1e3
-            out.append(row)
-            print("sweep", row, flush=True)
-    return out
-
-
 def markdown(meta: dict, rows: list[dict], inv: list[dict], cross: dict) -> str:
     lines = [
         "# Sampling reductions: invariant Triton vs stock torch",
@@ -209,7 +189,6 @@ def markdown(meta: dict, rows: list[dict], inv: list[dict], cross: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    parser.add_argument("--sweep", action="store_true", help="also time chunk-size x warps variants")
     args = parser.parse_args()
     copy = copy_gbps()
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
@@ -219,8 +198,6 @@ def main() -> None:
     inv = invariance_counts()
     rows = time_ops(copy)
     result = {"meta": meta, "timings": rows, "invariance": inv, "cross_device": cross}
-    if args.sweep:
-        result["sweep"] = sweep()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels_sampling.json").write_text(json.dumps(result, indent=1))

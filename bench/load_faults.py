@@ -5,7 +5,7 @@ kill -9), the fault-injecting upstream in its own process, and N `detgate serve`
 processes sharing that Redis. Then sends a bounded number of requests over loopback —
 chat completions, some streamed, drawn from a small hot set and a large cold set of
 prompts so there are hits, misses and coalesced calls — while Redis is killed with
-SIGKILL and restarted on a schedule, and the upstream returns 500s, 429s, resets,
+SIGKILL and restarted every so many requests, and the upstream returns 500s, 429s, resets,
 stalls and broken streams.
 
 Every answer is classified:
@@ -154,19 +154,23 @@ async def _load(args: argparse.Namespace, urls: list[str], tally: Tally, stop: a
         await asyncio.gather(*(worker(http) for _ in range(args.concurrency)))
 
 
-async def _chaos(redis: RedisProcess, args: argparse.Namespace, stop: asyncio.Event, kills: list[float]) -> None:
+async def _chaos(redis: RedisProcess, args: argparse.Namespace, tally: Tally, stop: asyncio.Event,
+                 kills: list[int]) -> None:
+    """Kill -9 Redis after every `kill_every` requests sent; bring it back `down_for` later.
+
+    Counted in requests, not seconds, so a run has the same number of outages however
+    fast the machine is."""
     loop = asyncio.get_running_loop()
-    started = time.monotonic()
+    next_kill = args.kill_every
     while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), args.kill_every)
-            return
-        except TimeoutError:
-            pass
+        if tally.sent < next_kill:
+            await asyncio.sleep(0.01)
+            continue
         await loop.run_in_executor(None, redis.kill9)
-        kills.append(time.monotonic() - started)
+        kills.append(tally.sent)
         await asyncio.sleep(args.down_for)
         await loop.run_in_executor(None, redis.restart)
+        next_kill = tally.sent + args.kill_every
 
 
 async def _verify(urls: list[str], tally: Tally) -> dict:
@@ -236,7 +240,7 @@ def main() -> None:
     p.add_argument("--stream-share", type=float, default=0.3)
     p.add_argument("--faults", default=DEFAULT_FAULTS, help="upstream fault weights, fault=weight,...")
     p.add_argument("--stall-s", type=float, default=3.0)
-    p.add_argument("--kill-every", type=float, default=5.0, help="seconds between Redis kill -9s (0: never)")
+    p.add_argument("--kill-every", type=int, default=2000, help="requests between Redis kill -9s (0: never)")
     p.add_argument("--down-for", type=float, default=1.0)
     p.add_argument("--client-timeout", type=float, default=60.0)
     p.add_argument("--max-seconds", type=float, default=600.0, help="stop sending after this long")
@@ -274,8 +278,8 @@ async def _run(args: argparse.Namespace, tmp: Path) -> dict:
 
         tally = Tally()
         stop = asyncio.Event()
-        kills: list[float] = []
-        chaos = asyncio.create_task(_chaos(redis, args, stop, kills)) if args.kill_every > 0 else None
+        kills: list[int] = []
+        chaos = asyncio.create_task(_chaos(redis, args, tally, stop, kills)) if args.kill_every > 0 else None
         started = time.monotonic()
         load = asyncio.create_task(_load(args, urls, tally, stop))
         try:

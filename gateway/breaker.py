@@ -160,21 +160,23 @@ class Breaker:
             self._enter(State.OPEN)
 
     @asynccontextmanager
-    async def guard(
-        self, is_failure: Callable[[BaseException], bool] = lambda e: retry_reason(e) is not None
-    ) -> AsyncIterator[None]:
+    async def guard(self, verdict: Callable[[BaseException], bool | None] | None = None) -> AsyncIterator[None]:
         """`async with breaker.guard(): await call()` — allow, run, record.
 
-        By default an error counts against the upstream when retrying it would make sense
-        (connection trouble, timeouts, 429, 5xx); a 400 means the upstream is healthy.
+        `verdict(exc)` says what an error means for the upstream's health: True a failure,
+        False a success, None unknown. By default (`upstream_verdict`), trouble that
+        retrying could cure (connection, timeout, 429, 5xx) is a failure, any other HTTP
+        answer (a 400 is still an answer) a success, and an error raised on our side of
+        the wire no verdict. A returned call is a success; a cancelled one has no verdict.
         """
+        judge = verdict or upstream_verdict
         permit = self.allow()
         try:
             yield
         except Exception as exc:
-            self.record(permit, is_failure(exc))
+            self.record(permit, judge(exc))
             raise
-        except BaseException:  # cancelled: the call's fate is unknown
+        except BaseException:
             self.record(permit, None)
             raise
         self.record(permit, False)
@@ -198,6 +200,12 @@ class Breaker:
             self._consecutive = 0
         if self._on_change is not None:
             self._on_change(self.upstream, old, new)
+
+
+def upstream_verdict(exc: BaseException) -> bool | None:
+    if retry_reason(exc) is not None:
+        return True
+    return False if isinstance(getattr(exc, "status", None), int) else None
 
 
 class Breakers:

@@ -131,7 +131,8 @@ async def _answer(request: web.Request, flight: Flight, stream: bool, cache: str
         try:
             outcome = await asyncio.shield(flight.task)
         except UpstreamError as exc:
-            return _upstream_error(exc, headers)
+            request[CACHE] = cache
+            return _upstream_error(exc, {**headers, "x-detgate-cache": cache})
         if not outcome.filled and cache == "miss":
             cache = "coalesced"  # another replica's call answered it
             request.app[METRICS].coalesced.labels(request.match_info.route.name or "").inc()
@@ -156,7 +157,7 @@ async def _stream_live(request: web.Request, flight: Flight, cache: str, headers
             await response.write(sse_event(_in_band_error(exc)))
             return response
         await response.write(DONE)
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+    except ConnectionResetError:
         pass  # the client left; the flight goes on and is stored if it completes
     return response
 
@@ -174,7 +175,6 @@ def _in_band_error(exc: UpstreamError) -> bytes:
 def _upstream_error(exc: UpstreamError, headers: dict[str, str]) -> web.Response:
     response = exc.response()
     response.headers.update(headers)
-    response.headers["x-detgate-cache"] = "miss"
     for name in ("retry-after", "retry-after-ms"):
         value = next((v for k, v in exc.headers.items() if k.lower() == name), None)
         if value is not None:

@@ -71,10 +71,12 @@ class GaveUp(Exception):
 
     @property
     def http_status(self) -> int:
-        """The status to answer with: the upstream's own, else 504 for a timeout, else 502."""
-        status = getattr(self.last, "status", None)
-        if isinstance(status, int):
-            return status
+        """The status to answer with: the upstream's own; the gateway's own for its errors
+        (CircuitOpen 503, Saturated 429); else 504 for a timeout and 502 for the rest."""
+        for name in ("status", "http_status"):
+            status = getattr(self.last, name, None)
+            if isinstance(status, int):
+                return status
         return 504 if isinstance(self.last, TimeoutError) else 502
 
 

@@ -54,8 +54,13 @@ class SingleFlight:
         feed = Feed()
         flight = Flight(feed, asyncio.create_task(self._fill(key, produce, feed, refresh)))
         self._flights[key] = flight
-        flight.task.add_done_callback(lambda _: self._flights.pop(key, None))
+        flight.task.add_done_callback(lambda task: self._landed(key, task))
         return flight, True
+
+    def _landed(self, key: str, task: asyncio.Task) -> None:
+        self._flights.pop(key, None)
+        if not task.cancelled():
+            task.exception()  # retrieved here: a failure nobody waited for is not worth a warning
 
     async def _fill(self, key: str, produce: Produce, feed: Feed, refresh: bool) -> Outcome:
         try:

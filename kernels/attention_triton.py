@@ -32,11 +32,13 @@ import triton.language as tl
 
 # The constants that fix every row's summation order. Changing any of them
 # changes output bits, so they are part of the kernel version.
-BLOCK_M = 64      # query rows per program: tokens x heads of one KV-head group
 BLOCK_N = 64      # KV positions per tile
 KV_SPLIT = 1024   # KV positions per split (a multiple of BLOCK_N)
-NUM_WARPS = 4
 NUM_STAGES = 2
+# (max of max_q_len, BLOCK_M query rows per program, num_warps): first row that fits wins.
+# BLOCK_M only decides which rows share a program; bench/kernels_attention.py checks on
+# the GPU that every row here gives the same bits as the first.
+CONFIGS = ((1 << 62, 64, 4),)
 
 # The partials buffer of the split path is T*H*splits*D fp32; past this size
 # the fold-in-program path runs instead (same bits, no buffer).
@@ -263,20 +265,22 @@ def _n_iter(n: int) -> int:
 def paged_attention_triton(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, *,
     max_q_len: int, max_kv_len: int, split_per_program: bool | None = None,
-    kv_split: int = KV_SPLIT,
+    kv_split: int = KV_SPLIT, config: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """split_per_program: None lets the wrapper choose; both choices give identical bits."""
+    """split_per_program: None lets the wrapper choose; both choices give identical bits.
+    config: (BLOCK_M, num_warps), default from CONFIGS by max_q_len."""
+    block_m, num_warps = config or next((m, w) for limit, m, w in CONFIGS if max_q_len <= limit)
     T, H, D = q.shape
     S = kv_lens.shape[0]
     h_kv = k_cache.shape[2]
     G = H // h_kv
-    assert H % h_kv == 0 and BLOCK_M % G == 0, f"GQA group {G} must divide {BLOCK_M}"
+    assert H % h_kv == 0 and block_m % G == 0, f"GQA group {G} must divide {block_m}"
     assert kv_split % BLOCK_N == 0
     assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
     o = torch.empty_like(q)
     if T == 0:
         return o
-    block_q = BLOCK_M // G
+    block_q = block_m // G
     cu_tiles = torch.empty(S + 1, dtype=torch.int32, device=q.device)
     _tile_offsets_kernel[(1,)](cu_seqlens_q, kv_lens, cu_tiles, S,
                                BLOCK_Q=block_q, BLOCK_S=triton.next_power_of_2(S + 1))
@@ -304,8 +308,8 @@ def paged_attention_triton(
         o.stride(0), o.stride(1),
         block_tables.stride(0),
         *(part_o.stride()[:3] if split_per_program else (0, 0, 0)),
-        D=D, BLOCK_D=BLOCK_D, G=G, PAGE=k_cache.shape[1], BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        D=D, BLOCK_D=BLOCK_D, G=G, PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+        num_warps=num_warps, num_stages=NUM_STAGES,
     )
     if split_per_program:
         _fold_partials_kernel[(triton.cdiv(T * H, _FOLD_ROWS),)](

@@ -61,13 +61,15 @@ def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[i
         # serving dtype: one config whose fp32 tiles fit in shared memory.
         return CONFIGS["medium"]
     fill = 0.8 * _sm_count(device)
+    if m <= 64:
+        if triton.cdiv(n, 128) >= fill:
+            return CONFIGS["medium"]
+        return CONFIGS["narrow"] if m > 16 else CONFIGS["decode"]
     if triton.cdiv(m, 128) * triton.cdiv(n, 256) >= fill:
         return CONFIGS["large"]
-    if triton.cdiv(m, 128) * triton.cdiv(n, 128) >= fill and m > 64:
+    if triton.cdiv(m, 128) * triton.cdiv(n, 128) >= fill:
         return CONFIGS["wide"]
-    if m > 64 or triton.cdiv(n, 128) >= fill:
-        return CONFIGS["medium"]
-    return CONFIGS["narrow"] if m > 16 else CONFIGS["decode"]
+    return CONFIGS["medium"]
 
 
 @triton.jit

@@ -9,7 +9,8 @@ tensor without the interpreter) runs the plain-torch references below.
 
 Sampling semantics (all modes that filter agree on them):
   * temperature <= 0: exact greedy, argmax of the raw logits, ties to the lowest id.
-  * otherwise s = logits / temperature (IEEE division, in fp32), and tokens are
+  * otherwise s = logits * (1 / temperature) in fp32 (the reciprocal an IEEE
+    division, the product unfused, identical on CPU and GPU), and tokens are
     ranked by s descending, ties by lowest token id. The kept set is the shortest
     prefix of that ranking that satisfies an active condition, never empty:
       top_k in [1, V):  the prefix has top_k tokens;
@@ -106,10 +107,15 @@ def keep_mask(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) ->
     return torch.zeros_like(stop).scatter(-1, order, ~stop)
 
 
+def reciprocal_temperature(temperature: torch.Tensor) -> torch.Tensor:
+    """fp32 1 / temperature (IEEE division), 1 for greedy rows: one division per row, not per token."""
+    t = temperature.float()
+    return torch.where(t > 0, 1.0 / torch.where(t > 0, t, 1.0), 1.0)
+
+
 def scale(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """fp32 logits / temperature, with greedy rows left unscaled and -0.0 folded into +0.0."""
-    divisor = torch.where(temperature > 0, temperature.float(), 1.0).view(-1, 1)
-    scaled = logits.float() / divisor
+    """fp32 logits * (1 / temperature), greedy rows unscaled, -0.0 folded into +0.0."""
+    scaled = logits.float() * reciprocal_temperature(temperature).view(-1, 1)
     return torch.where(scaled == 0, 0.0, scaled)
 
 

@@ -1,14 +1,16 @@
-"""Triton kernels behind kernels.sampling: one program per row, chunked over V.
+"""Triton kernels behind kernels.sampling.
 
-Each program walks its row in fixed BLOCK-sized chunks from id 0 upwards and
-keeps per-lane partial results (max, sum, best index) that are merged once, at
-the end, in a fixed tree. The chunk size depends only on V, so the order of every
-floating-point operation on a row is fixed by (V, dtype) alone — never by B, the
-row's position, or the other rows. No atomics, no cross-program reductions.
+Each row's vocabulary is cut into splits of a fixed SPLIT tokens, one program per
+(row, split), walked in BLOCK-sized chunks with per-lane partials (max, sum, best
+index); a second launch merges a row's split partials in split order. Split and
+chunk sizes are constants, so the order of every floating-point operation on a
+row is fixed by V alone — never by B, the row's position, or the other rows. No
+atomics and nothing shared between rows.
 
-Top-k / top-p find the boundary of the kept prefix by bisection over an
-order-preserving integer image of the fp32 scores (at most 32 passes over the
-row), then break ties at the boundary value by token id with a running count.
+Top-k / top-p need the boundary of the kept prefix first: one program per row
+finds it by bisection over an order-preserving int32 image of the fp32 scores
+(at most 32 passes over the row), then counts boundary ties per split so that the
+split programs can rank ties by token id.
 """
 from __future__ import annotations
 
@@ -17,29 +19,45 @@ import triton
 import triton.language as tl
 
 from kernels.philox import philox4x32, uniform_open
+from kernels.sampling import reciprocal_temperature
 
-# Chunk sizes and warps per row program; they fix each row's reduction order, so
-# changing them changes low bits (and KERNEL_VERSION should move with them).
+# Split / chunk sizes and warps; they fix each row's reduction order, so changing
+# them changes low bits (and KERNEL_VERSION should move with them).
+_REDUCE_SPLIT = 8192
 _REDUCE_BLOCK = 4096
 _REDUCE_WARPS = 8
+_SAMPLE_SPLIT = 4096
 _SAMPLE_BLOCK = 2048
 _SAMPLE_WARPS = 8
-
-
-def _block(vocab: int, cap: int) -> int:
-    return min(cap, max(16, triton.next_power_of_2(vocab)))
+_THRESHOLD_BLOCK = 2048
+_THRESHOLD_WARPS = 16
+_INT32_MIN = -2147483648
 
 
 def _rows(logits: torch.Tensor) -> torch.Tensor:
     return logits if logits.stride(-1) == 1 else logits.contiguous()
 
 
+def _layout(vocab: int, split: int, block: int) -> tuple[int, int, int, int]:
+    """(split, block, number of splits, its power of two) for a vocabulary, with block dividing split."""
+    block = min(block, max(16, triton.next_power_of_2(vocab)))
+    split = max(split, block)
+    parts = triton.cdiv(vocab, split)
+    return split, block, parts, max(2, triton.next_power_of_2(parts))
+
+
+# ---------------------------------------------------------------- logsumexp / log_softmax
+
+
 @triton.jit
-def _lse_row(base, V, BLOCK: tl.constexpr):
+def _lse_partial_kernel(x_ptr, stride, m_ptr, z_ptr, V, S, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    base = x_ptr + row.to(tl.int64) * stride
     offs = tl.arange(0, BLOCK)
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     z = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, V, BLOCK):
+    for start in range(part * SPLIT, part * SPLIT + SPLIT, BLOCK):
         x = tl.load(base + start + offs, mask=start + offs < V, other=float("-inf")).to(tl.float32)
         m_new = tl.maximum(m, x)
         # A lane that has seen only -inf keeps z = 0 instead of exp(-inf - -inf) = nan.
@@ -48,36 +66,80 @@ def _lse_row(base, V, BLOCK: tl.constexpr):
         m = m_new
     top = tl.max(m, axis=0)
     ref = tl.where(top == float("-inf"), 0.0, top)
+    tl.store(m_ptr + row * S + part, top)
+    tl.store(z_ptr + row * S + part, tl.sum(z * tl.exp(m - ref), axis=0))
+
+
+@triton.jit
+def _merged_lse(m_ptr, z_ptr, row, S, SP: tl.constexpr):
+    i = tl.arange(0, SP)
+    m = tl.load(m_ptr + row * S + i, mask=i < S, other=float("-inf"))
+    z = tl.load(z_ptr + row * S + i, mask=i < S, other=0.0)
+    top = tl.max(m, axis=0)
+    ref = tl.where(top == float("-inf"), 0.0, top)
     return ref + tl.log(tl.sum(z * tl.exp(m - ref), axis=0))
 
 
 @triton.jit
-def _logsumexp_kernel(x_ptr, stride, out_ptr, V, BLOCK: tl.constexpr):
+def _lse_merge_kernel(m_ptr, z_ptr, out_ptr, S, SP: tl.constexpr):
     row = tl.program_id(0)
-    tl.store(out_ptr + row, _lse_row(x_ptr + row.to(tl.int64) * stride, V, BLOCK))
+    tl.store(out_ptr + row, _merged_lse(m_ptr, z_ptr, row, S, SP))
 
 
 @triton.jit
-def _log_softmax_kernel(x_ptr, stride, out_ptr, V, BLOCK: tl.constexpr):
+def _log_softmax_write_kernel(x_ptr, stride, m_ptr, z_ptr, out_ptr, V, S, SPLIT: tl.constexpr,
+                              BLOCK: tl.constexpr, SP: tl.constexpr):
     row = tl.program_id(0)
+    part = tl.program_id(1)
+    # Every split program of a row merges the same partials in the same order: same lse bits.
+    lse = _merged_lse(m_ptr, z_ptr, row, S, SP)
     base = x_ptr + row.to(tl.int64) * stride
-    lse = _lse_row(base, V, BLOCK)
     out = out_ptr + row.to(tl.int64) * V
     offs = tl.arange(0, BLOCK)
-    for start in range(0, V, BLOCK):
+    for start in range(part * SPLIT, part * SPLIT + SPLIT, BLOCK):
         mask = start + offs < V
         x = tl.load(base + start + offs, mask=mask).to(tl.float32)
         tl.store(out + start + offs, x - lse, mask=mask)
 
 
+def _lse_partials(x: torch.Tensor):
+    split, block, parts, parts_p2 = _layout(x.shape[1], _REDUCE_SPLIT, _REDUCE_BLOCK)
+    m = torch.empty((x.shape[0], parts), dtype=torch.float32, device=x.device)
+    z = torch.empty_like(m)
+    _lse_partial_kernel[(x.shape[0], parts)](x, x.stride(0), m, z, x.shape[1], parts, SPLIT=split, BLOCK=block,
+                                             num_warps=_REDUCE_WARPS)
+    return m, z, (split, block, parts, parts_p2)
+
+
+def logsumexp(logits: torch.Tensor) -> torch.Tensor:
+    x = _rows(logits)
+    m, z, (_, _, parts, parts_p2) = _lse_partials(x)
+    out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    _lse_merge_kernel[(x.shape[0],)](m, z, out, parts, SP=parts_p2)
+    return out
+
+
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    x = _rows(logits)
+    m, z, (split, block, parts, parts_p2) = _lse_partials(x)
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    _log_softmax_write_kernel[(x.shape[0], parts)](x, x.stride(0), m, z, out, x.shape[1], parts, SPLIT=split,
+                                                   BLOCK=block, SP=parts_p2, num_warps=_REDUCE_WARPS)
+    return out
+
+
+# ---------------------------------------------------------------- argmax
+
+
 @triton.jit
-def _argmax_kernel(x_ptr, stride, out_ptr, V, BLOCK: tl.constexpr):
+def _argmax_partial_kernel(x_ptr, stride, best_ptr, where_ptr, V, S, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
+    part = tl.program_id(1)
     base = x_ptr + row.to(tl.int64) * stride
     offs = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     where = tl.full([BLOCK], V, tl.int32)
-    for start in range(0, V, BLOCK):
+    for start in range(part * SPLIT, part * SPLIT + SPLIT, BLOCK):
         ids = start + offs
         valid = ids < V
         x = tl.load(base + ids, mask=valid, other=float("-inf")).to(tl.float32)
@@ -86,7 +148,37 @@ def _argmax_kernel(x_ptr, stride, out_ptr, V, BLOCK: tl.constexpr):
         best = tl.where(take, x, best)
         where = tl.where(take, ids, where)
     top = tl.max(best, axis=0)
+    tl.store(best_ptr + row * S + part, top)
+    tl.store(where_ptr + row * S + part, tl.min(tl.where(best == top, where, V), axis=0))
+
+
+@triton.jit
+def _argmax_merge_kernel(best_ptr, where_ptr, out_ptr, V, S, SP: tl.constexpr):
+    row = tl.program_id(0)
+    i = tl.arange(0, SP)
+    best = tl.load(best_ptr + row * S + i, mask=i < S, other=float("-inf"))
+    where = tl.load(where_ptr + row * S + i, mask=i < S, other=V)
+    top = tl.max(best, axis=0)
     tl.store(out_ptr + row, tl.min(tl.where(best == top, where, V), axis=0).to(tl.int64))
+
+
+def _merge_argmax(best: torch.Tensor, where: torch.Tensor, vocab: int, parts_p2: int) -> torch.Tensor:
+    out = torch.empty(best.shape[0], dtype=torch.int64, device=best.device)
+    _argmax_merge_kernel[(best.shape[0],)](best, where, out, vocab, best.shape[1], SP=parts_p2)
+    return out
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    x = _rows(logits)
+    split, block, parts, parts_p2 = _layout(x.shape[1], _REDUCE_SPLIT, _REDUCE_BLOCK)
+    best = torch.empty((x.shape[0], parts), dtype=torch.float32, device=x.device)
+    where = torch.empty((x.shape[0], parts), dtype=torch.int32, device=x.device)
+    _argmax_partial_kernel[(x.shape[0], parts)](x, x.stride(0), best, where, x.shape[1], parts, SPLIT=split,
+                                                BLOCK=block, num_warps=_REDUCE_WARPS)
+    return _merge_argmax(best, where, x.shape[1], parts_p2)
+
+
+# ---------------------------------------------------------------- sampler
 
 
 @triton.jit
@@ -97,69 +189,73 @@ def _order_key(s):
 
 
 @triton.jit
-def _scaled_chunk(base, ids, V, divisor):
-    valid = ids < V
-    x = tl.load(base + ids, mask=valid, other=float("-inf")).to(tl.float32)
-    s = tl.math.div_rn(x, divisor)
-    return tl.where(s == 0.0, 0.0, s), valid
-
-
-@triton.jit
-def _mass_from(base, V, divisor, row_max, threshold, R: tl.constexpr):
-    """(count, sum of exp(s - row_max)) over the tokens whose key >= threshold."""
-    ids = tl.arange(0, R)[:, None] * 4 + tl.arange(0, 4)[None, :]
-    count = tl.zeros([R, 4], tl.int32)
-    mass = tl.zeros([R, 4], tl.float32)
-    for start in range(0, V, 4 * R):
-        s, valid = _scaled_chunk(base, start + ids, V, divisor)
-        inside = valid & (_order_key(s) >= threshold)
-        count += inside.to(tl.int32)
-        mass += tl.where(inside, tl.exp(s - row_max), 0.0)
-    return tl.sum(tl.sum(count, axis=1), axis=0), tl.sum(tl.sum(mass, axis=1), axis=0)
-
-
-@triton.jit
-def _sample_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, top_k_ptr, top_p_ptr, out_ptr,
-                   V, R: tl.constexpr):
-    row = tl.program_id(0)
-    base = x_ptr + row.to(tl.int64) * stride
-    temperature = tl.load(temp_ptr + row)
-    greedy = temperature <= 0.0
-    divisor = tl.where(greedy, 1.0, temperature)
+def _row_params(temp_ptr, inv_ptr, top_k_ptr, top_p_ptr, row, V):
+    greedy = tl.load(temp_ptr + row) <= 0.0
+    inverse = tl.load(inv_ptr + row)
     top_k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
     k_on = (top_k > 0) & (top_k < V) & (greedy == 0)
     p_on = (top_p < 1.0) & (greedy == 0)
+    return greedy, inverse, top_k, top_p, k_on, p_on
 
-    group = tl.arange(0, R)
-    word = tl.arange(0, 4)[None, :]
-    ids = group[:, None] * 4 + word
 
-    # Boundary of the kept prefix: the largest key t whose set {key >= t} meets an
-    # active condition; keys above t are all kept, ties at t are resolved by id below.
+@triton.jit
+def _scaled_chunk(base, ids, V, inverse):
+    valid = ids < V
+    x = tl.load(base + ids, mask=valid, other=float("-inf")).to(tl.float32)
+    s = x * inverse
+    return tl.where(s == 0.0, 0.0, s), valid
+
+
+@triton.jit
+def _mass_from(base, V, inverse, row_max, threshold, BLOCK: tl.constexpr):
+    """(count, sum of exp(s - row_max)) over the tokens whose key >= threshold."""
+    offs = tl.arange(0, BLOCK)
+    count = tl.zeros([BLOCK], tl.int32)
+    mass = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, V, BLOCK):
+        s, valid = _scaled_chunk(base, start + offs, V, inverse)
+        inside = valid & (_order_key(s) >= threshold)
+        count += inside.to(tl.int32)
+        mass += tl.where(inside, tl.exp(s - row_max), 0.0)
+    return tl.sum(count, axis=0), tl.sum(mass, axis=0)
+
+
+@triton.jit
+def _threshold_kernel(x_ptr, stride, temp_ptr, inv_ptr, top_k_ptr, top_p_ptr, state_i_ptr, state_f_ptr, ties_ptr,
+                      V, S, SPLIT: tl.constexpr, BLOCK: tl.constexpr, SP: tl.constexpr):
+    """Per row: the kept prefix's boundary key t, the count and mass strictly above it,
+    and, per split, how many boundary ties come before it (rows without a filter get t = INT32_MIN)."""
+    row = tl.program_id(0)
+    base = x_ptr + row.to(tl.int64) * stride
+    greedy, inverse, top_k, top_p, k_on, p_on = _row_params(temp_ptr, inv_ptr, top_k_ptr, top_p_ptr, row, V)
+    offs = tl.arange(0, BLOCK)
     threshold = tl.full([], -2147483648, tl.int32)
     above_count = tl.full([], 0, tl.int32)
     above_mass = tl.full([], 0.0, tl.float32)
     row_max = tl.full([], 0.0, tl.float32)
     needed_mass = tl.full([], 0.0, tl.float32)
+    parts = tl.arange(0, SP)
+    ties_before = tl.zeros([SP], tl.int32)
     if k_on | p_on:
-        m = tl.full([R, 4], float("-inf"), tl.float32)
-        z = tl.zeros([R, 4], tl.float32)
-        lowest = tl.full([R, 4], 2147483647, tl.int32)
-        for start in range(0, V, 4 * R):
-            s, valid = _scaled_chunk(base, start + ids, V, divisor)
+        m = tl.full([BLOCK], float("-inf"), tl.float32)
+        z = tl.zeros([BLOCK], tl.float32)
+        lowest = tl.full([BLOCK], 2147483647, tl.int32)
+        for start in range(0, V, BLOCK):
+            s, valid = _scaled_chunk(base, start + offs, V, inverse)
             m_new = tl.maximum(m, s)
             ref = tl.where(m_new == float("-inf"), 0.0, m_new)
             z = z * tl.exp(m - ref) + tl.exp(s - ref)
             m = m_new
             lowest = tl.where(valid, tl.minimum(lowest, _order_key(s)), lowest)
-        row_max = tl.max(tl.max(m, axis=1), axis=0)
-        needed_mass = top_p * tl.sum(tl.sum(z * tl.exp(m - row_max), axis=1), axis=0)
-        lo = tl.min(tl.min(lowest, axis=1), axis=0).to(tl.int64)
+        row_max = tl.max(m, axis=0)
+        needed_mass = top_p * tl.sum(z * tl.exp(m - row_max), axis=0)
+        # Largest t whose set {key >= t} meets an active condition: lo always does, hi never.
+        lo = tl.min(lowest, axis=0).to(tl.int64)
         hi = _order_key(row_max).to(tl.int64) + 1
         while hi - lo > 1:
             mid = lo + (hi - lo) // 2
-            count, mass = _mass_from(base, V, divisor, row_max, mid.to(tl.int32), R)
+            count, mass = _mass_from(base, V, inverse, row_max, mid.to(tl.int32), BLOCK)
             if (k_on & (count >= top_k)) | (p_on & (mass >= needed_mass)):
                 lo = mid
             else:
@@ -167,9 +263,40 @@ def _sample_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, top_k_ptr, top_p
                 above_count = count
                 above_mass = mass
         threshold = lo.to(tl.int32)
+        seen = tl.full([], 0, tl.int32)
+        for part in range(0, S):
+            ties_before = tl.where(parts == part, seen, ties_before)
+            for start in range(part * SPLIT, part * SPLIT + SPLIT, BLOCK):
+                s, valid = _scaled_chunk(base, start + offs, V, inverse)
+                seen += tl.sum((valid & (_order_key(s) == threshold)).to(tl.int32), axis=0)
+    tl.store(ties_ptr + row * S + parts, ties_before, mask=parts < S)
+    tl.store(state_i_ptr + row * 2, threshold)
+    tl.store(state_i_ptr + row * 2 + 1, above_count)
+    tl.store(state_f_ptr + row * 3, above_mass)
+    tl.store(state_f_ptr + row * 3 + 1, row_max)
+    tl.store(state_f_ptr + row * 3 + 2, needed_mass)
+
+
+@triton.jit
+def _sample_partial_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, inv_ptr, top_k_ptr, top_p_ptr,
+                           state_i_ptr, state_f_ptr, ties_ptr, best_ptr, where_ptr,
+                           V, S, SPLIT: tl.constexpr, R: tl.constexpr):
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    base = x_ptr + row.to(tl.int64) * stride
+    greedy, inverse, top_k, top_p, k_on, p_on = _row_params(temp_ptr, inv_ptr, top_k_ptr, top_p_ptr, row, V)
+    threshold = tl.load(state_i_ptr + row * 2)
+    above_count = tl.load(state_i_ptr + row * 2 + 1)
+    above_mass = tl.load(state_f_ptr + row * 3)
+    row_max = tl.load(state_f_ptr + row * 3 + 1)
+    needed_mass = tl.load(state_f_ptr + row * 3 + 2)
+    ties_before = tl.load(ties_ptr + row * S + part)
 
     seed = tl.load(seed_ptr + row)
     step = tl.load(step_ptr + row)
+    group = tl.arange(0, R)
+    word = tl.arange(0, 4)[None, :]
+    ids = group[:, None] * 4 + word
     lane0 = tl.zeros([R], tl.uint32)
     step_lo = lane0 + (step & 0xFFFFFFFF).to(tl.uint32)
     step_hi = lane0 + ((step >> 32) & 0xFFFFFFFF).to(tl.uint32)
@@ -178,9 +305,8 @@ def _sample_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, top_k_ptr, top_p
 
     best = tl.full([R, 4], float("-inf"), tl.float32)
     where = tl.full([R, 4], V, tl.int32)
-    ties_before = tl.full([], 0, tl.int32)
-    for start in range(0, V, 4 * R):
-        s, valid = _scaled_chunk(base, start + ids, V, divisor)
+    for start in range(part * SPLIT, part * SPLIT + SPLIT, 4 * R):
+        s, valid = _scaled_chunk(base, start + ids, V, inverse)
         if greedy:
             score = s
         else:
@@ -201,53 +327,38 @@ def _sample_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, top_k_ptr, top_p
         # tl.where rather than scalar & block: the interpreter mis-types that mix.
         full = (prior >= 1) & (tl.where(k_on, prior >= top_k, False) | tl.where(p_on, prior_mass >= needed_mass, False))
         keep = valid & ((key > threshold) | (tie & ~full))
-        gid = start + ids
         take = keep & ((score > best) | (where == V))
         best = tl.where(take, score, best)
-        where = tl.where(take, gid, where)
+        where = tl.where(take, start + ids, where)
     top = tl.max(tl.max(best, axis=1), axis=0)
-    token = tl.min(tl.min(tl.where(best == top, where, V), axis=1), axis=0)
-    tl.store(out_ptr + row, token.to(tl.int64))
-
-
-def logsumexp(logits: torch.Tensor) -> torch.Tensor:
-    x = _rows(logits)
-    out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    _logsumexp_kernel[(x.shape[0],)](x, x.stride(0), out, x.shape[1],
-                                     BLOCK=_block(x.shape[1], _REDUCE_BLOCK), num_warps=_REDUCE_WARPS)
-    return out
-
-
-def log_softmax(logits: torch.Tensor) -> torch.Tensor:
-    x = _rows(logits)
-    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    _log_softmax_kernel[(x.shape[0],)](x, x.stride(0), out, x.shape[1],
-                                       BLOCK=_block(x.shape[1], _REDUCE_BLOCK), num_warps=_REDUCE_WARPS)
-    return out
-
-
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    x = _rows(logits)
-    out = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
-    _argmax_kernel[(x.shape[0],)](x, x.stride(0), out, x.shape[1],
-                                  BLOCK=_block(x.shape[1], _REDUCE_BLOCK), num_warps=_REDUCE_WARPS)
-    return out
+    tl.store(best_ptr + row * S + part, top)
+    tl.store(where_ptr + row * S + part, tl.min(tl.min(tl.where(best == top, where, V), axis=1), axis=0))
 
 
 def sample(logits, seeds, steps, temperature, top_k, top_p) -> torch.Tensor:
     x = _rows(logits)
+    batch, vocab = x.shape
     device = x.device
-    out = torch.empty(x.shape[0], dtype=torch.int64, device=device)
-    _sample_kernel[(x.shape[0],)](
-        x, x.stride(0),
-        seeds.to(device=device, dtype=torch.int64).contiguous(),
-        steps.to(device=device, dtype=torch.int64).contiguous(),
-        temperature.to(device=device, dtype=torch.float32).contiguous(),
-        top_k.to(device=device, dtype=torch.int32).contiguous(),
-        top_p.to(device=device, dtype=torch.float32).contiguous(),
-        out, x.shape[1], R=_block(x.shape[1], _SAMPLE_BLOCK) // 4, num_warps=_SAMPLE_WARPS,
+    temperature = temperature.to(device=device, dtype=torch.float32).contiguous()
+    params = (temperature, reciprocal_temperature(temperature).contiguous(),
+              top_k.to(device=device, dtype=torch.int32).contiguous(),
+              top_p.to(device=device, dtype=torch.float32).contiguous())
+    split, block, parts, parts_p2 = _layout(vocab, _SAMPLE_SPLIT, _SAMPLE_BLOCK)
+    state_i = torch.empty((batch, 2), dtype=torch.int32, device=device)
+    state_f = torch.empty((batch, 3), dtype=torch.float32, device=device)
+    ties = torch.empty((batch, parts), dtype=torch.int32, device=device)
+    # Exact IEEE products and sums (no fused multiply-add), as in the torch reference.
+    _threshold_kernel[(batch,)](x, x.stride(0), *params, state_i, state_f, ties, vocab, parts, SPLIT=split,
+                                BLOCK=min(block, _THRESHOLD_BLOCK), SP=parts_p2, num_warps=_THRESHOLD_WARPS,
+                                enable_fp_fusion=False)
+    best = torch.empty((batch, parts), dtype=torch.float32, device=device)
+    where = torch.empty((batch, parts), dtype=torch.int32, device=device)
+    _sample_partial_kernel[(batch, parts)](
+        x, x.stride(0), seeds.to(device=device, dtype=torch.int64).contiguous(),
+        steps.to(device=device, dtype=torch.int64).contiguous(), *params, state_i, state_f, ties, best, where,
+        vocab, parts, SPLIT=split, R=block // 4, num_warps=_SAMPLE_WARPS, enable_fp_fusion=False,
     )
-    return out
+    return _merge_argmax(best, where, vocab, parts_p2)
 
 
 @triton.jit
@@ -272,6 +383,7 @@ def _random_bits_kernel(seed_ptr, step_ptr, out_ptr, V, R: tl.constexpr):
 def random_bits(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
     """The sampler's raw noise words, int64 [B, vocab] (equal to philox.random_bits_reference)."""
     out = torch.empty((seeds.shape[0], vocab), dtype=torch.int64, device=seeds.device)
+    _, block, _, _ = _layout(vocab, _SAMPLE_SPLIT, _SAMPLE_BLOCK)
     _random_bits_kernel[(seeds.shape[0],)](seeds.to(torch.int64).contiguous(), steps.to(torch.int64).contiguous(),
-                                           out, vocab, R=_block(vocab, _SAMPLE_BLOCK) // 4)
+                                           out, vocab, R=block // 4)
     return out

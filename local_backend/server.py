@@ -211,6 +211,8 @@ class Handler:
         except APIError as e:
             await self.send(response, e.body())
             return response
+        except ConnectionResetError:   # the client left; aclosing() has aborted its sequence
+            return response
         await self.send(response, self.chunk("", pending if want_logprobs else None, self.gen.finish_reason))
         options = self.req.stream_options
         if options is not None and options.include_usage:

@@ -59,12 +59,15 @@ def run_queries(panel: dict, prometheus: str, start: float, end: float, step: fl
             ts = [float(t) for t, _ in series["values"]]
             vs = [float(v) for _, v in series["values"]]
             out.append((legend(target.get("legendFormat"), series["metric"]), ts, vs))
-    return out
+    # A series that is NaN throughout (a 0/0 ratio) is no data, as Grafana shows it.
+    return [s for s in out if any(math.isfinite(v) for v in s[2])]
 
 
-def fmt(value: float, unit: str | None) -> str:
+def fmt(value: float, unit: str | None, decimals: int | None = None) -> str:
     if not math.isfinite(value):
         return "NaN"
+    if decimals is not None and unit in (None, "short", "none"):
+        return f"{value:.{decimals}f}"
     if unit == "percentunit":
         return f"{value * 100:.1f}%"
     if unit == "s":
@@ -89,7 +92,7 @@ def mapped(value: float, defaults: dict) -> tuple[str, str | None]:
         hit = mapping["options"].get(str(int(value))) if math.isfinite(value) else None
         if hit:
             return hit["text"], hit.get("color")
-    return fmt(value, defaults.get("unit")), None
+    return fmt(value, defaults.get("unit"), defaults.get("decimals")), None
 
 
 def threshold_color(value: float, defaults: dict) -> str:
@@ -119,7 +122,7 @@ def draw_timeseries(ax, series, defaults) -> None:
         ax.legend(loc="upper left", fontsize=6, frameon=False, labelcolor=TEXT, ncol=3)
 
 
-def draw_stat(ax, series, defaults) -> None:
+def draw_stat(ax, series, defaults, named: bool) -> None:
     ax.axis("off")
     cells = [(name, last_finite(vs)) for name, _, vs in series] or []
     for i, (name, value) in enumerate(cells):
@@ -127,7 +130,7 @@ def draw_stat(ax, series, defaults) -> None:
         x = (i + 0.5) / len(cells)
         ax.text(x, 0.5, text, ha="center", va="center", fontsize=20 if len(cells) < 3 else 13, weight="bold",
                 color=color or threshold_color(value, defaults), transform=ax.transAxes)
-        if len(cells) > 1:
+        if len(cells) > 1 or named:
             ax.text(x, 0.15, name, ha="center", color=MUTED, fontsize=7, transform=ax.transAxes)
 
 
@@ -145,7 +148,9 @@ def draw_heatmap(ax, series, defaults) -> None:
     counts = [[max(v, 0) if math.isfinite(v) else 0 for v in vs] for _, _, vs in buckets]
     # Cumulative bucket counters become per-bucket counts.
     grid = [counts[0]] + [[b - a for a, b in zip(lo, hi)] for lo, hi in zip(counts, counts[1:])]
-    ax.imshow(grid, aspect="auto", origin="lower", cmap="Oranges", interpolation="nearest")
+    # Empty cells show the panel through, as in Grafana's heatmap.
+    empty = [[math.nan if c <= 0 else c for c in row] for row in grid]
+    ax.imshow(empty, aspect="auto", origin="lower", cmap="Oranges", interpolation="nearest")
     ax.set_yticks(range(len(buckets)), [name for name, _, _ in buckets], fontsize=6, color=MUTED)
     ax.set_xticks([])
 
@@ -161,8 +166,12 @@ def draw(panel: dict, ax, series: list) -> None:
             spine.set_visible(False)
         no_data(ax)
         return
-    {"timeseries": draw_timeseries, "stat": draw_stat, "gauge": draw_stat, "table": draw_table,
-     "state-timeline": draw_stat, "heatmap": draw_heatmap}[panel["type"]](ax, series, defaults)
+    if panel["type"] in ("stat", "gauge", "state-timeline"):
+        # A legend that names a label says which series each number is.
+        named = any("{{" in t.get("legendFormat", "") for t in panel["targets"])
+        draw_stat(ax, series, defaults, named)
+        return
+    {"timeseries": draw_timeseries, "table": draw_table, "heatmap": draw_heatmap}[panel["type"]](ax, series, defaults)
 
 
 def render(dashboard: dict, prometheus: str, start: float, end: float, out: Path, rate_interval: str) -> None:

@@ -121,7 +121,8 @@ def running() -> Iterator[Stack]:
             "--redis-url", redis.url, "--secret", SECRET])
         gateway_url = f"http://127.0.0.1:{gateway_port}"
         _wait_ready(f"{gateway_url}/healthz", gateway, logs / "gateway.log")
-        _wait_ready(f"http://127.0.0.1:{backend_port}/healthz", backend, logs / "backend.log")
+        # Importing torch alone can take tens of seconds on a cold, busy machine.
+        _wait_ready(f"http://127.0.0.1:{backend_port}/healthz", backend, logs / "backend.log", timeout_s=120)
 
         config = tmp / "prometheus.yml"
         config.write_text(yaml.safe_dump(prometheus_config(f"127.0.0.1:{gateway_port}", f"127.0.0.1:{backend_port}")))

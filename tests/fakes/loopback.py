@@ -32,7 +32,7 @@ class LoopbackServer:
         return self
 
     def __exit__(self, *exc) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
@@ -45,6 +45,10 @@ class LoopbackServer:
         port = self._runner.addresses[0][1]
         self.url = f"http://127.0.0.1:{port}"
 
-    def call(self, coro):
-        """Run a coroutine on the server's loop (to reach its state safely) and wait for it."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=60)
+    async def _stop(self) -> None:
+        await self._runner.cleanup()
+        # Handlers still sleeping (a fake told to hang) would be destroyed pending with the loop.
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in rest:
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)

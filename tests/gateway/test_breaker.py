@@ -1,9 +1,14 @@
 """Circuit breaker: when it opens, how it fails fast, how it probes its way back."""
 import asyncio
 
+import aiohttp
 import pytest
 
+from fault_upstream import FaultPlan, FaultUpstream
 from gateway.breaker import Breaker, BreakerConfig, Breakers, CircuitOpen, State
+from gateway.concurrency import UpstreamSlots
+from gateway.deadline import Deadline
+from gateway.retry import GaveUp, RetryPolicy, call_with_retries
 
 
 class Clock:
@@ -155,6 +160,20 @@ async def test_half_open_admits_exactly_the_probe_limit_under_concurrency():
     assert b.state is State.CLOSED
 
 
+async def test_an_error_on_our_side_of_the_wire_is_no_verdict_on_the_upstream():
+    clock = Clock()
+    b = Breaker("up", BreakerConfig(consecutive_failures=1, open_for=1), clock)
+    fail(b)
+    clock.now += 1
+    with pytest.raises(ValueError):
+        async with b.guard():
+            raise ValueError("a bug, or a full queue: the upstream was never asked")
+    assert b.state is State.HALF_OPEN  # neither closed by a fake success nor reopened
+    async with b.guard():
+        pass
+    assert b.state is State.CLOSED
+
+
 async def test_a_cancelled_probe_frees_its_slot_without_a_verdict():
     clock = Clock()
     b = Breaker("up", BreakerConfig(consecutive_failures=1, open_for=1), clock)
@@ -193,3 +212,34 @@ def test_config_rejects_nonsense():
                 dict(min_calls=0), dict(consecutive_failures=-1)):
         with pytest.raises(ValueError):
             BreakerConfig(**bad)
+
+
+async def test_composed_with_retries_and_slots_against_a_failing_upstream():
+    """The intended wiring: a slot, then the breaker, around each attempt of the retry loop."""
+    up = FaultUpstream(FaultPlan(weights={"500": 1}), seed=11)
+    breaker = Breaker("up", BreakerConfig(consecutive_failures=3, open_for=0.3))
+    slots = UpstreamSlots("up", limit=4, max_queue=8)
+    policy = RetryPolicy(max_attempts=5, base_delay=0.001)
+
+    async with up, aiohttp.ClientSession(raise_for_status=True) as http:
+        async def attempt():
+            async with slots.slot(), breaker.guard():
+                async with http.post(f"{up.url}/completions", json={"model": "m", "prompt": "p"}) as r:
+                    return await r.json()
+
+        async def request():
+            return await call_with_retries(attempt, policy, Deadline.after(5))
+
+        with pytest.raises(GaveUp) as info:
+            await request()
+        assert [a.outcome for a in info.value.attempts] == ["5xx", "5xx", "5xx", "fatal"]
+        assert isinstance(info.value.last, CircuitOpen) and info.value.http_status == 503
+        calls = sum(up.served.values())
+        with pytest.raises(GaveUp):
+            await request()  # fails fast: the open breaker spares the upstream
+        assert sum(up.served.values()) == calls == 3
+
+        up.plan.weights = {"ok": 1}  # the upstream recovers
+        await asyncio.sleep(0.3)
+        result = await request()
+        assert [a.outcome for a in result.attempts] == ["ok"] and breaker.state is State.CLOSED

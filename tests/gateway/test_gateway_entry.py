@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from gateway.entry import CorruptEntry, Entry, Sealer, decode, encode, from_body, from_events
 
@@ -71,3 +72,18 @@ def test_record_round_trip_and_seal():
         Sealer(b"other").open("k1", sealed)
     with pytest.raises(CorruptEntry):
         decode(b'{"v": 99}')
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=80), cuts=st.lists(st.integers(min_value=0, max_value=80), max_size=10))
+def test_how_a_stream_was_chunked_never_changes_the_assembled_body(text, cuts):
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
+    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    chunks = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
+    chunks += [{**head, "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]} for p in pieces]
+    chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    body = from_events("chat.completions", [orjson.dumps(c) for c in chunks]).body
+    whole = {**head, "object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": "stop"}]}
+    assert body == orjson.dumps(whole)

@@ -26,7 +26,7 @@ def value(metrics, name: str, **labels) -> float:
 
 async def test_metrics_count_what_happened(upstream, gateway):
     fake, _ = upstream
-    fake.behaviour.delay_s = 0.2
+    fake.behaviour.delay_s = 1.0
     gw = gateway()
     body = {"model": "fake/m1", "messages": [{"role": "user", "content": "Cafe\u0301\r\n"}]}
     async with aiohttp.ClientSession() as session:

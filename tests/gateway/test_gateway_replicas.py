@@ -29,7 +29,7 @@ async def _post_all(urls: list[str], body: dict) -> list[tuple[str, bytes]]:
 
 async def test_two_replicas_make_one_upstream_call(upstream, redis_url, gateway_process):
     fake, url = upstream
-    fake.behaviour.delay_s = 0.5
+    fake.behaviour.delay_s = 1.5
     a, b = gateway_process(serve_args(url, redis_url)), gateway_process(serve_args(url, redis_url))
     results = await _post_all([a.url, b.url] * 5, CHAT)
     assert fake.started == 1

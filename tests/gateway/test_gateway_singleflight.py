@@ -20,7 +20,7 @@ async def _fire(url: str, body: dict, n: int) -> list[tuple[str, bytes]]:
 
 async def test_twenty_concurrent_identical_requests_make_one_call(upstream, gateway):
     fake, _ = upstream
-    fake.behaviour.delay_s = 0.3  # keep the first call in the air while the others arrive
+    fake.behaviour.delay_s = 1.0  # keep the first call in the air while the others arrive
     gw = gateway()
     results = await _fire(gw.url, CHAT, 20)
     assert fake.started == 1
@@ -31,6 +31,7 @@ async def test_twenty_concurrent_identical_requests_make_one_call(upstream, gate
 
 async def test_concurrent_streams_share_one_live_call(upstream, gateway):
     fake, _ = upstream
+    fake.behaviour.delay_s = 1.0
     fake.behaviour.chunk_delay_s = 0.002
     gw = gateway()
     results = await _fire(gw.url, {**CHAT, "stream": True}, 8)
@@ -41,7 +42,7 @@ async def test_concurrent_streams_share_one_live_call(upstream, gateway):
 
 async def test_mixed_stream_and_plain_waiters_share_one_call(upstream, gateway):
     fake, _ = upstream
-    fake.behaviour.delay_s = 0.2
+    fake.behaviour.delay_s = 1.0
     gw = gateway()
     streams, plains = await asyncio.gather(_fire(gw.url, {**CHAT, "stream": True}, 3), _fire(gw.url, CHAT, 3))
     assert fake.started == 1

@@ -19,13 +19,21 @@ async def store(request):
     await s.close()
 
 
-async def test_first_writer_wins(store):
+async def test_first_writer_wins_and_commit_releases_the_lock(store):
     assert await store.get("k") is None
-    assert await store.put_nx("k", b"first") is True
-    assert await store.put_nx("k", b"second") is False
+    assert await store.try_lock("k", "a", 10_000)
+    assert await store.commit("k", b"first", "a") is True
+    assert await store.try_lock("k", "b", 10_000)  # a's lock went with its commit
+    assert await store.commit("k", b"second", "b") is False
     assert await store.get("k") == b"first"
-    await store.put("k", b"refreshed")
+    assert await store.commit("k", b"refreshed", "c", overwrite=True) is True
     assert await store.get("k") == b"refreshed"
+
+
+async def test_commit_leaves_another_owners_lock_alone(store):
+    assert await store.try_lock("k", "a", 10_000)
+    assert await store.commit("k", b"v", "b") is True
+    assert not await store.try_lock("k", "b", 10_000)
 
 
 async def test_lock_is_exclusive_owned_and_leased(store):
@@ -43,13 +51,13 @@ async def test_lock_is_exclusive_owned_and_leased(store):
 
 async def test_memory_store_evicts_least_recently_used_within_its_budget():
     store = MemoryStore(100)
-    await store.put_nx("a", b"x" * 39)  # 40 bytes with its key
-    await store.put_nx("b", b"x" * 39)
+    await store.commit("a", b"x" * 39, "o")  # 40 bytes with its key
+    await store.commit("b", b"x" * 39, "o")
     await store.get("a")  # a is now more recent than b
-    await store.put_nx("c", b"x" * 39)
+    await store.commit("c", b"x" * 39, "o")
     assert (await store.get("a"), await store.get("b")) == (b"x" * 39, None)
     assert store.nbytes == 80 and len(store) == 2
-    assert await store.put_nx("huge", b"x" * 200) is False  # never fits: stored nowhere, evicts nothing
+    assert await store.commit("huge", b"x" * 200, "o") is False  # never fits: stored nowhere, evicts nothing
     assert store.nbytes == 80
 
 
@@ -57,16 +65,16 @@ async def test_near_cache_reuses_reads_for_its_ttl_and_sees_its_own_refreshes(re
     import redis.asyncio as aioredis
 
     from gateway.near_cache import NearCache
-    from gateway.redis_store import ENTRY_PREFIX
+    from gateway.redis_store import entry_name
     now = [0.0]
     near = NearCache(RedisStore(redis_url), ttl_s=1.0, max_bytes=1 << 20, clock=lambda: now[0])
     other = aioredis.Redis.from_url(redis_url)
-    assert await near.put_nx("k", b"v1")
-    await other.set(ENTRY_PREFIX + "k", b"v2")  # a refresh made by another replica
+    assert await near.commit("k", b"v1", "o")
+    await other.set(entry_name("k"), b"v2")  # a refresh made by another replica
     assert await near.get("k") == b"v1"  # not seen yet...
     now[0] = 1.5
     assert await near.get("k") == b"v2"  # ...but within the TTL
-    await near.put("k", b"v3")  # a refresh made here is seen at once
+    await near.commit("k", b"v3", "o", overwrite=True)  # a refresh made here is seen at once
     assert await near.get("k") == b"v3"
     await other.aclose()
     await near.close()

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_nothing_lost_and_nothing_corrupt_under_faults(tmp_path):
     out = tmp_path / "run"
     subprocess.run([sys.executable, str(REPO / "bench" / "load_faults.py"), "--requests", "600",
-                    "--gateways", "2", "--concurrency", "24", "--hot-keys", "50", "--kill-every", "1.5",
+                    "--gateways", "2", "--concurrency", "24", "--hot-keys", "50", "--kill-every", "150",
                     "--down-for", "0.5", "--stall-s", "0.5", "--max-seconds", "60", "--out", str(out)],
                    check=True, timeout=180, cwd=REPO, capture_output=True)
     report = json.loads(out.with_suffix(".json").read_text())

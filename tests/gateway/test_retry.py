@@ -235,8 +235,9 @@ def test_gave_up_answers_with_the_upstream_status_or_a_gateway_error(last, statu
     assert GaveUp(last, (), "fatal").http_status == status
 
 
-def test_errors_raised_by_the_gateway_itself_are_never_retried():
+def test_errors_raised_by_the_gateway_itself_are_never_retried_and_keep_their_status():
     from gateway.breaker import CircuitOpen
     from gateway.concurrency import Saturated
-    assert retry_reason(CircuitOpen("up", 1.0)) is None
-    assert retry_reason(Saturated("up", "queue_full", 1.0)) is None
+    for exc, status in [(CircuitOpen("up", 1.0), 503), (Saturated("up", "queue_full", 1.0), 429)]:
+        assert retry_reason(exc) is None
+        assert GaveUp(exc, (), "fatal").http_status == status

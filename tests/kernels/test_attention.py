@@ -32,7 +32,7 @@ class Seq:
 
 def _seq(length, H, h_kv, D, dtype, device, gen) -> Seq:
     def draw(*shape):
-        return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+        return torch.randn(shape, generator=gen, device=gen.device).to(device=device, dtype=dtype)
     return Seq(draw(length, H, D), draw(length, h_kv, D), draw(length, h_kv, D))
 
 
@@ -116,9 +116,11 @@ def _random_chunks(length, rng) -> list[int]:
 
 
 def _invariance(G, block_size, dtype, device, gen, *, length, kv_split, scenarios, max_others, H_kv, D):
-    rng = random.Random(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    rng = random.Random(seed)
+    draw_on = torch.Generator(device).manual_seed(seed)  # drawing on the GPU keeps real sizes fast
     H = G * H_kv
-    make_seq = lambda n: _seq(n, H, H_kv, D, dtype, device, gen)  # noqa: E731
+    make_seq = lambda n: _seq(n, H, H_kv, D, dtype, device, draw_on)  # noqa: E731
     target = make_seq(length)
     steps = 7  # at most 4 prompt chunks and 3 decode steps (_random_chunks)
     per_scenario = length // block_size + 1 + steps * max_others * (3 * kv_split // block_size + 1)

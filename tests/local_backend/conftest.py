@@ -8,6 +8,7 @@ loopback port, driven by the official openai client.
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import openai
 import pytest
@@ -19,6 +20,8 @@ from local_backend.engine.llm_engine import Engine
 from local_backend.metrics import Metrics
 from local_backend.random_checkpoint import CHATML, write_checkpoint
 from local_backend.server import make_app
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -56,6 +59,14 @@ def bpe_tokenizer(specials: list[str], bos: str | None) -> Tokenizer:
 def tiny_shape(arch: str, vocab_size: int) -> dict:
     return dict(arch=arch, vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_layers=2,
                 num_heads=4, num_kv_heads=2, head_dim=16, tie=arch == "qwen3", rope_theta=10000.0)
+
+
+@pytest.fixture(autouse=True)
+def reference_kernels(monkeypatch):
+    """The CPU backend runs the plain-torch reference kernels. tests/kernels turns the Triton
+    interpreter on for the whole process (kernels read it per call), which would make every
+    forward pass here crawl through interpreted Triton, so it is off for these tests."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
 
 @pytest.fixture(scope="session")

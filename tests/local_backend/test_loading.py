@@ -5,20 +5,17 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import openai
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import SPECIALS, bpe_tokenizer, free_port, tiny_shape
+from conftest import ROOT, SPECIALS, bpe_tokenizer, free_port, tiny_shape
 from local_backend.config import ModelConfig
 from local_backend.engine.llm_engine import fingerprint
 from local_backend.loader import load_weights, read_tensors
 from local_backend.random_checkpoint import write_checkpoint
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_sharded_checkpoint_has_an_index_and_loads_like_one_file(checkpoints, tmp_path):

@@ -1,6 +1,8 @@
 """The real server, over loopback HTTP, through the official openai client."""
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import openai
 import pytest
@@ -195,3 +197,22 @@ async def test_metrics_and_health(qwen3):
                  "detgate_backend_prefix_cache_queries_total", "detgate_backend_prefix_cache_hits_total",
                  "detgate_backend_step_duration_seconds_bucket"):
         assert name in text, name
+
+
+async def test_a_client_that_leaves_mid_stream_frees_its_sequence(qwen3):
+    body = {"model": "qwen3", "prompt": "hello", "max_tokens": 240, "stream": True, "ignore_eos": True}
+    generated = qwen3.engine.metrics.generation_tokens
+    before = generated._value.get()
+    async with aiohttp.ClientSession() as http:
+        async with http.post(qwen3.url + "/v1/completions", json=body) as r:
+            assert r.status == 200
+            await r.content.readline()
+    for _ in range(100):
+        if not qwen3.engine._seqs:
+            break
+        await asyncio.sleep(0.05)
+    assert not qwen3.engine._seqs and not qwen3.engine.scheduler.has_work()
+    assert qwen3.engine.blocks.num_used == 0
+    assert generated._value.get() - before < 200   # stopped early, not run to max_tokens
+    ok = await qwen3.client.completions.create(model="qwen3", prompt="hi", max_tokens=2)
+    assert ok.usage.completion_tokens == 2 or ok.choices[0].finish_reason == "stop"
