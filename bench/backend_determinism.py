@@ -95,7 +95,7 @@ async def under_load(client: Client, n: int, budget_s: float, concurrency: int) 
     start = time.monotonic()
     async with Load(client, concurrency, seed=1) as load:
         while min(len(v) for v in outputs.values()) < n and time.monotonic() - start < budget_s:
-            wave = [rng.choice(list(KINDS)) for _ in range(rng.randint(1, 16))]
+            wave = [rng.choice(list(KINDS)) for _ in range(rng.randint(1, 64))]
 
             async def one(kind):
                 await asyncio.sleep(rng.random() * 0.05)

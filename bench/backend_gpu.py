@@ -38,6 +38,7 @@ def make_checkpoint(root: Path, name: str, layers: int | None) -> tuple[Path, di
         shape["num_layers"] = layers
     tok = numbered_tokenizer(shape["vocab_size"], SPECIALS)
     path = write_checkpoint(root / name, shape, tok, device="cuda", shards=4 if shape["hidden_size"] > 2048 else 1)
+    torch.cuda.empty_cache()   # hand the generator's memory back before the server starts
     return path, shape
 
 
@@ -63,6 +64,27 @@ def transformers_logprobs(path: Path, prompts: list[list[int]]) -> list[dict]:
     del model
     torch.cuda.empty_cache()
     return out
+
+
+def engine_stats(url: str) -> dict:
+    """What the engine did, from its own /metrics: how varied the batches were, cache use."""
+    import urllib.request
+    with urllib.request.urlopen(url + "/metrics") as r:
+        lines = r.read().decode().splitlines()
+    values = {}
+    for line in lines:
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    steps = values.get("detgate_backend_batch_size_count", 0)
+    buckets = {name.split('le="')[1].rstrip('"}'): v for name, v in values.items()
+               if name.startswith("detgate_backend_batch_size_bucket")}
+    return {"engine_steps": steps,
+            "mean_batch": round(values.get("detgate_backend_batch_size_sum", 0) / max(steps, 1), 1),
+            "batch_size_cumulative": buckets,
+            "prefix_cache_hit_blocks": values.get("detgate_backend_prefix_cache_hits_total"),
+            "prefix_cache_query_blocks": values.get("detgate_backend_prefix_cache_queries_total"),
+            "generated_tokens": values.get("detgate_backend_generation_tokens_total")}
 
 
 def compare_logprobs(ours: list[dict], theirs: list[dict]) -> dict:
@@ -95,14 +117,16 @@ def run_shape(name: str, args, out: Path, deadline: float) -> dict:
                 entry["next_token"] = asyncio.run(next_token_logprobs(url, vocab, probe))
                 budget = min(args.budget_s, max(10.0, deadline - time.monotonic() - 60))
                 entry["determinism"] = asyncio.run(run_all(url, vocab, args.n, budget, args.concurrency, args.replays))
+                entry["engine"] = engine_stats(url)
                 if name in args.throughput:
                     entry["throughput"] = asyncio.run(backend_sweep(url, vocab))
         except Exception:
             entry["error"] = traceback.format_exc()
             print(entry["error"], flush=True)
         result[mode] = entry
-        print(f"[{name} {mode}] {json.dumps({k: v for k, v in entry.items() if k != 'next_token'})}", flush=True)
-    if name in args.throughput and not args.skip_transformers and time.monotonic() < deadline:
+        shown = {k: v for k, v in entry.items() if k not in ("next_token", "engine")}
+        print(f"[{name} {mode}] {json.dumps(shown)}", flush=True)
+    if name in args.transformers and time.monotonic() < deadline:
         try:
             result["transformers"] = transformers_sweep(str(path), vocab)
             theirs = transformers_logprobs(path, probe)
@@ -125,6 +149,14 @@ def tables(results: list[dict]) -> str:
                 a, b = inv.get(scenario, {}).get(kind, {}), std.get(scenario, {}).get(kind, {})
                 lines.append(f"| {r['shape']} | {scenario} | {kind} | {a.get('n', '-')}/{b.get('n', '-')} "
                              f"| {a.get('unique', '-')} | {b.get('unique', '-')} |")
+    lines += ["", "| model | mode | engine steps | mean sequences per step | prefix-cache hits / lookups (blocks) |",
+              "|---|---|---|---|---|"]
+    for r in results:
+        for mode in MODES:
+            e = r.get(mode, {}).get("engine")
+            if e:
+                lines.append(f"| {r['shape']} | {mode} | {e['engine_steps']:.0f} | {e['mean_batch']} "
+                             f"| {e['prefix_cache_hit_blocks']:.0f} / {e['prefix_cache_query_blocks']:.0f} |")
     for r in results:
         inv, std = r.get("invariant", {}).get("throughput"), r.get("standard", {}).get("throughput")
         if not inv:
@@ -191,11 +223,12 @@ def main() -> None:
     p.add_argument("--replays", type=int, default=6)
     p.add_argument("--kv-blocks", type=int, default=8192)
     p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--skip-transformers", action="store_true")
+    p.add_argument("--transformers", default="qwen3-0.6b", help="shapes also timed through transformers")
     p.add_argument("--server-args", default="", help="extra flags for detgate backend")
     args = p.parse_args()
     args.modes = args.modes.split(",")
     args.throughput = set(args.throughput.split(",")) if args.throughput else set()
+    args.transformers = set(args.transformers.split(",")) if args.transformers else set()
     args.layers = {k: int(v) for k, v in (kv.split("=") for kv in args.layers.split(",") if kv)}
     args.server_args = args.server_args.split()
     deadline = time.monotonic() + args.total_s

@@ -38,6 +38,7 @@ from kernels.attention import paged_attention, store_kv  # noqa: E402
 H, H_KV, D, PAGE = 32, 8, 128, 16
 # cuDNN is timed last, in its own section: a backend that faults would poison the CUDA context.
 SAFE_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
+SPLITS = (256, 512, 1024)
 DTYPE = torch.bfloat16
 DEV = "cuda"
 MAX_OTHER = 4096  # KV length bound of the other sequences in invariance scenarios
@@ -81,7 +82,7 @@ class PagedKV:
         return (torch.tensor(pages, dtype=torch.int64)[idx // PAGE] * PAGE + idx % PAGE).to(DEV)
 
 
-def run_scenario(seq, chunks, cached, n_others, rng, gen, path, config=None):
+def run_scenario(seq, chunks, cached, n_others, rng, gen, path, config=None, kv_split=None):
     """Target rows (positions cached..L-1) after running `seq` in the given chunks inside random batches.
 
     The other sequences keep random KV in their own pages; each step each one
@@ -114,8 +115,11 @@ def run_scenario(seq, chunks, cached, n_others, rng, gen, path, config=None):
         kv_lens = torch.tensor([n for _, _, n in batch], dtype=torch.int32, device=DEV)
         args = (torch.cat([x for x, _, _ in batch]), cache.k, cache.v, tables, cu, kv_lens, D ** -0.5)
         kw = dict(max_q_len=max(q_lens), max_kv_len=int(kv_lens.max()))
-        o = (paged_attention(*args[:-1], **kw) if path == "auto"
-             else at.paged_attention_triton(*args, **kw, split_per_program=path == "split", config=config))
+        if path == "auto" and kv_split is None:
+            o = paged_attention(*args[:-1], **kw)
+        else:
+            o = at.paged_attention_triton(*args, **kw, split_per_program={"auto": None, "split": True, "fold": False}[path],
+                                          config=config, kv_split=kv_split or at.KV_SPLIT)
         rows.append(o[int(cu[at_]): int(cu[at_ + 1])])
         done += q_len
     return torch.cat(rows)
@@ -130,11 +134,11 @@ def chunkings(L, rng):
     return cached, [b - a for a, b in zip(bounds, bounds[1:])] + [1] * decode
 
 
-def invariance(n_scenarios, L=5000, seed=0) -> dict:
+def invariance(n_scenarios, L=5000, seed=0, kv_split=None) -> dict:
     rng = random.Random(seed)
     gen = torch.Generator(device=DEV).manual_seed(seed)
     seq = tuple(torch.randn(L, h, D, device=DEV, generator=gen).to(DTYPE) for h in (H, H_KV, H_KV))
-    baseline = run_scenario(seq, [L], 0, 0, rng, gen, "fold")
+    baseline = run_scenario(seq, [L], 0, 0, rng, gen, "fold", kv_split=kv_split)
     patterns = [set() for _ in range(L)]
     for i, row in enumerate(baseline.view(torch.int16).cpu().numpy()):
         patterns[i].add(row.tobytes())
@@ -143,12 +147,12 @@ def invariance(n_scenarios, L=5000, seed=0) -> dict:
         cached, chunks = chunkings(L, rng)
         n_others = rng.choice([0, 1, 7, 31, 63])
         path = ["auto", "split", "fold"][i % 3]
-        rows = run_scenario(seq, chunks, cached, n_others, rng, gen, path)
+        rows = run_scenario(seq, chunks, cached, n_others, rng, gen, path, kv_split=kv_split)
         for j, row in enumerate(rows.view(torch.int16).cpu().numpy()):
             patterns[cached + j].add(row.tobytes())
         log.append({"cached": cached, "chunks": chunks, "others": n_others, "path": path,
                     "equal_to_baseline": bool(torch.equal(rows, baseline[cached:]))})
-    again = run_scenario(seq, [L], 0, 0, random.Random(seed), gen, "fold")
+    again = run_scenario(seq, [L], 0, 0, random.Random(seed), gen, "fold", kv_split=kv_split)
     ref = reference_rows(seq)
     err = ((baseline.double() - ref).norm() / ref.norm()).item()
     return {"rows": L, "scenarios": n_scenarios, "max_distinct_patterns_per_row": max(map(len, patterns)),
@@ -266,10 +270,14 @@ def prefill_table(tflops, shapes, gen) -> list[dict]:
         qp = q.flatten(0, 1)
         print(f"prefill B={B} L={L}", flush=True)
         row = {"batch": B, "seq_len": L}
-        for name, config in (("invariant", None), ("alt_128x8", (128, 8)), ("alt_128x4", (128, 4))):
+        for name, config in (("invariant", None), ("cfg_64x4", (64, 4)), ("cfg_128x8", (128, 8))):
             row[f"{name}_us"] = bench_graph(lambda: at.paged_attention_triton(
                 qp, k_cache, v_cache, tables, cu, kv_lens, D ** -0.5, max_q_len=L, max_kv_len=L, config=config))
         ours = row["invariant_us"]
+        got = at.paged_attention_triton(qp, k_cache, v_cache, tables, cu, kv_lens, D ** -0.5, max_q_len=L, max_kv_len=L)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            want = F.scaled_dot_product_attention(q.transpose(1, 2), expand(k), expand(v), is_causal=True)
+        row["max_abs_diff_vs_flash"] = (got.float() - want.transpose(1, 2).flatten(0, 1).float()).abs().max().item()
         flash = sdpa_time(q.transpose(1, 2), k, v, True, SDPBackend.FLASH_ATTENTION)
         flops = 4 * B * H * L * L * D / 2
         out.append({**row, "flash_us": flash,
@@ -288,7 +296,7 @@ def split_size_sweep(shapes, gen) -> list[dict]:
         cu = torch.arange(B + 1, device=DEV, dtype=torch.int32)
         kv_lens = torch.full((B,), ctx, device=DEV, dtype=torch.int32)
         row = {"batch": B, "context": ctx}
-        for split in (512, 1024, 2048):
+        for split in SPLITS:
             row[f"split_{split}_us"] = bench_graph(lambda: at.paged_attention_triton(
                 q, k_cache, v_cache, tables, cu, kv_lens, D ** -0.5, max_q_len=1, max_kv_len=ctx, kv_split=split))
         out.append(row)
@@ -304,7 +312,16 @@ def cudnn_decode(decode_rows, gen) -> list[dict]:
         _, _, _, k, v = paged_copy(B, ctx, gen)
         q = torch.randn(B, H, 1, D, device=DEV, dtype=DTYPE, generator=gen)
         print(f"cudnn decode B={B} ctx={ctx}", flush=True)
-        out.append({"batch": B, "context": ctx, "cudnn_us": sdpa_time(q, k, v, False, SDPBackend.CUDNN_ATTENTION)})
+        row = {"batch": B, "context": ctx, "cudnn_us": sdpa_time(q, k, v, False, SDPBackend.CUDNN_ATTENTION)}
+        if row["cudnn_us"] is not None:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                got = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                want = F.scaled_dot_product_attention(q, expand(k), expand(v))
+            row["max_abs_diff_vs_flash"] = (got.float() - want.float()).abs().max().item()
+            row["invariant_us"] = r["invariant_us"]
+            row["speed_vs_fastest_sdpa"] = min(row["cudnn_us"], r["sdpa_us"]) / r["invariant_us"]
+        out.append(row)
         del k, v
     return out
 
@@ -317,16 +334,20 @@ def table(rows, cols) -> str:
     return "\n".join(lines)
 
 
-def plot(decode, prefill, path):
+def plot(decode, cudnn, prefill, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    cudnn_us = {(r["batch"], r["context"]): r["cudnn_us"] for r in cudnn}
     for ctx in sorted({r["context"] for r in decode}):
         rs = [r for r in decode if r["context"] == ctx]
-        a.plot([r["batch"] for r in rs], [r["speed_vs_sdpa"] for r in rs], marker="o", label=f"ctx {ctx}")
+        fastest = [min(r["sdpa_us"], cudnn_us.get((r["batch"], ctx)) or float("inf")) for r in rs]
+        a.plot([r["batch"] for r in rs], [f / r["invariant_us"] for f, r in zip(fastest, rs)], marker="o",
+               label=f"ctx {ctx}")
     a.axhline(0.7, color="grey", ls="--")
-    a.set(xscale="log", xlabel="batch", ylabel="speed vs fastest SDPA", title="decode (paged, invariant)")
+    a.set(xscale="log", xlabel="batch", ylabel="speed vs fastest SDPA (cuDNN, flash, mem-eff.)",
+          title="decode (paged, invariant)")
     a.legend()
     for B in sorted({r["batch"] for r in prefill}):
         rs = [r for r in prefill if r["batch"] == B and r["speed_vs_flash"]]
@@ -382,7 +403,12 @@ def main():
     save(result, out)
     result["prefill"] = prefill_table(ceil["bf16_TFLOPs"], prefill_shapes, gen)
     save(result, out)
-    result["split_sweep"] = split_size_sweep([(1, 32768), (1, 8192), (8, 8192), (64, 2048)], gen)
+    result["split_sweep"] = split_size_sweep(
+        [(1, 512), (1, 2048), (1, 8192), (1, 32768), (8, 2048), (8, 32768), (64, 2048), (256, 512)], gen)
+    result["split_invariance"] = [
+        {"kv_split": sp, **{k: v for k, v in invariance(4, L=3000, seed=sp, kv_split=sp).items() if k != "scenario_log"}}
+        for sp in SPLITS]
+    print(f"split invariance: {result['split_invariance']}", flush=True)
     save(result, out)
     result["cudnn_decode"] = cudnn_decode(result["decode"], gen)
     result["seconds"] = time.time() - t0
@@ -391,18 +417,21 @@ def main():
         f"# Paged attention on {result['device']} (torch {result['torch']}, triton {result['triton']})",
         f"config: {result['config']}", f"ceilings: {ceil}",
         "## Invariance\n" + json.dumps(inv, indent=1),
-        "## Decode (CUDA graphs, median)\n" + table(result["decode"], [
-            "batch", "context", "invariant_us", "sdpa_us", "sdpa_backend", "speed_vs_sdpa", "floor_us", "frac_of_floor"]),
+        "## Decode (CUDA graphs, median; SDPA = faster of flash / mem-efficient on head-expanded KV)\n" + table(
+            result["decode"], ["batch", "context", "invariant_us", "sdpa_us", "sdpa_backend", "speed_vs_sdpa", "floor_us",
+                               "frac_of_floor", "max_abs_diff_vs_flash"]),
         "## Prefill (causal, CUDA graphs, median)\n" + table(result["prefill"], [
-            "batch", "seq_len", "invariant_us", "alt_128x8_us", "alt_128x4_us", "flash_us", "speed_vs_flash",
-            "invariant_TFLOPs", "frac_of_matmul_peak"]),
+            "batch", "seq_len", "invariant_us", "cfg_64x4_us", "cfg_128x8_us", "flash_us", "speed_vs_flash",
+            "invariant_TFLOPs", "frac_of_matmul_peak", "max_abs_diff_vs_flash"]),
         "## Tile configs: rows bit-equal to the shipped config\n" + json.dumps(result["config_equality"], indent=1),
-        "## cuDNN SDPA decode (GQA, timed last)\n" + table(result["cudnn_decode"], ["batch", "context", "cudnn_us"]),
-        "## KV split size sweep (decode us)\n" + table(result["split_sweep"], [
-            "batch", "context", "split_512_us", "split_1024_us", "split_2048_us"]),
+        "## Decode against the fastest SDPA including cuDNN (GQA; timed last)\n" + table(result["cudnn_decode"], [
+            "batch", "context", "invariant_us", "cudnn_us", "speed_vs_fastest_sdpa", "max_abs_diff_vs_flash"]),
+        "## KV split size sweep (decode us; each size is its own kernel version)\n" + table(
+            result["split_sweep"], ["batch", "context"] + [f"split_{sp}_us" for sp in SPLITS]),
+        "## Invariance per split size\n" + json.dumps(result["split_invariance"], indent=1),
     ])
     (out / "kernels_attention.md").write_text(md + "\n")
-    plot(result["decode"], result["prefill"], out / "kernels_attention.png")
+    plot(result["decode"], result["cudnn_decode"], result["prefill"], out / "kernels_attention.png")
     print(md, flush=True)
 
 

@@ -165,7 +165,8 @@ def markdown(meta: dict, rows: list[dict], inv: list[dict], cross: dict) -> str:
         "",
         f"{meta['gpu']}, torch {meta['torch']}, V = {VOCAB}, copy bandwidth {meta['copy_gbps']:.0f} GB/s "
         "(read + write, measured in the same run). Times are medians with the L2 flushed; GB/s counts the "
-        "fewest bytes (logits read once, log_softmax output written once). Sampling at temperature 0.8.",
+        "fewest bytes (logits read once, log_softmax output written once). Sampling at temperature 0.8. "
+        "Eager calls: at small B the times include the Python launch cost of 2-3 Triton kernels per call.",
         "",
         "| dtype | B | op | invariant µs | torch µs | torch / invariant | invariant GB/s | of copy |",
         "|---|---|---|---|---|---|---|---|",

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import secrets
 import sys
+from functools import partial
 from typing import AsyncIterator
 
 import aiohttp
@@ -14,16 +15,21 @@ from gateway.auth import Tenants
 from gateway.config import Settings
 from gateway.entry import Sealer
 from gateway.logs import AccessLog
+from gateway.expect import expect_continue
+from gateway.limits import TenantLimiter
 from gateway.memory_store import MemoryStore
 from gateway.metrics import Metrics
 from gateway.middlewares import errors, observe
 from gateway.near_cache import NearCache
 from gateway.prepare import PreparedMemo
 from gateway.redis_store import RedisStore
+from gateway.resilience import Resilience
 from gateway.singleflight import SingleFlight
 from gateway.state import ACCESS_LOG, GATEWAY, PREPARED, METRICS, SEALER, SECRET, SETTINGS, TENANTS, Gateway
 from gateway.store import Store, StoreError
+from gateway.status import status
 from gateway.upstream import UpstreamClient
+from gateway.watch import watch
 
 log = logging.getLogger("detgate")
 
@@ -54,28 +60,42 @@ def create_app(settings: Settings) -> web.Application:
     app[PREPARED] = PreparedMemo()
     app[ACCESS_LOG] = AccessLog(sys.stderr.buffer if logging.getLogger("detgate.access").isEnabledFor(logging.INFO) else None)
     app.cleanup_ctx.append(_resources)
+    app.cleanup_ctx.append(watch)
     for route, path in (("chat.completions", "/v1/chat/completions"), ("completions", "/v1/completions"),
                         ("embeddings", "/v1/embeddings")):
-        app.router.add_post(path, handlers.cached_route(route), name=route)
+        app.router.add_post(path, handlers.cached_route(route), name=route, expect_handler=expect_continue)
     app.router.add_get("/v1/models", handlers.models, name="models")
-    app.router.add_route("*", "/v1/{tail:.*}", handlers.proxy, name="proxy")
+    app.router.add_route("*", "/v1/{tail:.*}", handlers.proxy, name="proxy", expect_handler=expect_continue)
     app.router.add_get("/healthz", handlers.healthz, name="healthz")
     app.router.add_get("/metrics", handlers.metrics, name="metrics")
+    app.router.add_get("/detgate/status", status, name="status")
     return app
+
+
+def count_store_error(metrics: Metrics, op: str) -> None:
+    if op == "tamper":
+        metrics.cache_tamper.inc()
+    else:
+        metrics.cache_errors.labels(op).inc()
 
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     metrics = app[METRICS]
     store: Store
+    redis_client = None
     if settings.redis_url:
-        redis_store = RedisStore(settings.redis_url)
+        redis_store = RedisStore(settings.redis_url, settings.store_timeout_s)
         try:
             await redis_store.ping()
         except StoreError as exc:
-            await redis_store.close()
-            raise ConfigError(f"cannot reach the store at --redis-url: {exc}") from None
+            if settings.cache_failure == "fail-closed":
+                await redis_store.close()
+                raise ConfigError(f"cannot reach the store at --redis-url: {exc} (--cache-failure fail-closed)") from None
+            log.warning("the store at --redis-url is down (%s); answering uncached until it is back "
+                        "(--cache-failure fail-open)", exc)
         store = redis_store
+        redis_client = redis_store.client
         if settings.near_cache_ttl_s > 0:
             store = NearCache(redis_store, settings.near_cache_ttl_s, settings.near_cache_bytes)
     else:
@@ -83,8 +103,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         metrics.cache_entries_bytes.set_function(lambda: memory.nbytes)
         store = memory
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024, ttl_dns_cache=300))
-    flights = SingleFlight(store, app[SEALER], settings.lock_lease_ms, lambda op: metrics.cache_errors.labels(op).inc())
-    app[GATEWAY] = Gateway(store, flights, UpstreamClient(session, metrics, settings.upstream_timeout_s))
+    flights = SingleFlight(store, app[SEALER], settings.lock_lease_ms, partial(count_store_error, metrics))
+    limiter = None
+    if settings.rate_limits:
+        limiter = TenantLimiter(settings, redis_client, lambda exc: metrics.cache_errors.labels("ratelimit").inc())
+    app[GATEWAY] = Gateway(store, flights, UpstreamClient(session, metrics, Resilience(settings, metrics)), limiter)
     log.info("detgate ready: %d upstream(s) %s, store %s", len(settings.upstreams),
              ", ".join(f"{u.name}={u.url}" for u in settings.upstreams), "redis" if settings.redis_url else "in-process")
     try:

@@ -12,6 +12,8 @@ from typing import Sequence
 
 from pydantic import ValidationError
 
+from gateway.commands import add_commands, run_command
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="detgate", description="Deterministic LLM calls.")
@@ -41,7 +43,37 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--upstream-timeout-s", type=float, help="total time allowed for one upstream call (default 600)")
     serve.add_argument("--lock-lease-ms", type=int,
                        help="lease of a replica's fill lock; a dead holder is taken over after this (default 10000)")
+    serve.add_argument("--cache-failure", choices=("fail-open", "fail-closed"),
+                       help="when the store is down: answer uncached (fail-open, the default; x-detgate-cache: "
+                            "bypass) or refuse with a 503 (fail-closed, which also refuses to start without it)")
+    serve.add_argument("--store-timeout-s", type=float, help="longest one store operation may take (default 1)")
+    serve.add_argument("--upstream-connect-timeout-s", type=float, help="time to connect to an upstream (default 10)")
+    serve.add_argument("--upstream-idle-timeout-s", type=float,
+                       help="silence allowed from an upstream before its first byte or between stream chunks (default 120)")
+    serve.add_argument("--upstream-max-attempts", type=int,
+                       help="attempts per upstream call on connection errors, timeouts, 429 and 5xx (default 3)")
+    serve.add_argument("--upstream-concurrency", type=int, help="calls in flight per upstream (default 512)")
+    serve.add_argument("--upstream-queue", type=int, help="calls that may wait for one of those (default 1024)")
+    serve.add_argument("--upstream-queue-timeout-s", type=float, help="longest such a wait (default 10)")
+    serve.add_argument("--breaker-failures", type=int,
+                       help="failures in a row that open an upstream's circuit (default 5, 0 disables)")
+    serve.add_argument("--breaker-open-s", type=float, help="how long an open circuit refuses calls (default 5)")
+    serve.add_argument("--max-messages", type=int, help="most messages in one chat request (default 2048)")
+    serve.add_argument("--rate-limit", dest="rate_limits", action="append", metavar="TENANT=RATE/BURST",
+                       help="requests per second and burst for a tenant ('*': every tenant without its own), "
+                            "repeatable; shared by all replicas through --redis-url when there is one")
+    serve.add_argument("--shutdown-timeout-s", type=float,
+                       help="on SIGTERM, how long requests in flight may take to finish (default 30)")
     serve.add_argument("--log-level", help="default INFO")
+    serve.add_argument("--mode", choices=("normal", "record", "replay"),
+                       help="record: always call upstream and store, replacing; replay: answer only from the cache, "
+                            "a miss is a 404 replay_miss and no upstream is called (default normal)")
+    serve.add_argument("--drift-policy", choices=("keep", "rotate"),
+                       help="on a new system_fingerprint: keep serving cached answers, or rotate that model's keys "
+                            "to a fresh namespace (default keep)")
+    serve.add_argument("--canary-interval-s", type=float,
+                       help="run the configured canaries about this often (default 0: only by `detgate probe`)")
+    add_commands(commands)
 
     backend = commands.add_parser("backend", help="run the whitebox inference backend (needs the [backend] extra)",
                                   add_help=False)
@@ -56,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from local_backend.cli import main as backend_main
         return backend_main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
+    if args.command != "serve":
+        return run_command(args)
     return serve(args)
 
 
@@ -66,18 +100,20 @@ def serve(args: argparse.Namespace) -> int:
     from gateway.app import ConfigError, create_app
 
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
-    if flags["tenants"] is not None:
-        try:
-            flags["tenants"] = dict(config._pair(spec) for spec in flags["tenants"])
-        except ValueError as exc:
-            return _refuse(f"--tenant: {exc}")
+    for name, flag in (("tenants", "--tenant"), ("rate_limits", "--rate-limit")):
+        if flags[name] is not None:
+            try:
+                flags[name] = dict(config._pair(spec) for spec in flags[name])
+            except ValueError as exc:
+                return _refuse(f"{flag}: {exc}")
     try:
         settings = config.load(args.config, os.environ, flags)
     except (ValidationError, ValueError, OSError) as exc:
         return _refuse(f"invalid settings: {exc}")
     logs.setup(settings.log_level)
     try:
-        web.run_app(create_app(settings), host=settings.host, port=settings.port, access_log=None, print=None)
+        web.run_app(create_app(settings), host=settings.host, port=settings.port, access_log=None, print=None,
+                    shutdown_timeout=settings.shutdown_timeout_s)
     except ConfigError as exc:
         return _refuse(str(exc))
     return 0

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 import tomllib
+from functools import cached_property
 from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-Profile = Literal["openai", "generic-openai-compatible", "whitebox"]
+from gateway.policy_rules import MAX_ATTEMPTS, ModelStrategy, Rules, compile_rules
 
 OPENAI_URL = "https://api.openai.com/v1"
 
@@ -24,7 +25,8 @@ class UpstreamConfig(BaseModel):
     url: str = Field(pattern=r"^https?://")
     api_key: SecretStr | None = None
     api_key_env: str | None = None
-    profile: Profile = "generic-openai-compatible"
+    profile: str = "generic-openai-compatible"  # built in, or one of Settings.profiles
+    mode: Literal["enforce", "reject", "off"] = "enforce"  # de-randomization; x-detgate-mode overrides
     models: tuple[str, ...] = ()  # fnmatch globs routed here
 
     @field_validator("url")
@@ -38,6 +40,20 @@ class UpstreamConfig(BaseModel):
         if key is None and self.api_key_env:
             key = environ.get(self.api_key_env)
         return f"Bearer {key}" if key else None
+
+
+class CanaryConfig(BaseModel):
+    """A fixed request sent on a schedule (and by `detgate probe`) to notice when an
+    upstream starts answering it differently."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]+$")
+    model: str
+    upstream: str | None = None  # an upstream name; default: the model's route
+    route: Literal["chat.completions", "completions", "embeddings"] = "chat.completions"
+    body: dict[str, Any] = {}  # the request without "model", e.g. {"messages": [...]}
+    expect: str | None = None  # a reference digest; default: the first answer's, kept in the ledger
 
 
 class Settings(BaseModel):
@@ -61,13 +77,52 @@ class Settings(BaseModel):
     # How long a replica's claim on filling a key lasts without renewal; when the holder
     # dies, the other replicas take over after at most this long.
     lock_lease_ms: int = Field(10_000, ge=100)
+    # Issue 7: failure behaviour and limits (see gateway/resilience.py, gateway/limits.py).
+    # fail-open answers from the upstream when the store is down (x-detgate-cache: bypass);
+    # fail-closed refuses with a 503 rather than serve an answer it cannot store.
+    cache_failure: Literal["fail-open", "fail-closed"] = "fail-open"
+    store_timeout_s: float = Field(1.0, gt=0)  # one store operation; a hung Redis costs no more
+    upstream_connect_timeout_s: float = Field(10.0, gt=0)
+    upstream_idle_timeout_s: float = Field(120.0, gt=0)  # silence allowed before a first byte or between chunks
+    upstream_max_attempts: int = Field(3, ge=1, le=10)
+    upstream_concurrency: int = Field(512, ge=1)  # calls in flight per upstream
+    upstream_queue: int = Field(1024, ge=0)  # calls waiting for one of those slots
+    upstream_queue_timeout_s: float = Field(10.0, ge=0)
+    breaker_failures: int = Field(5, ge=0)  # failures in a row that open an upstream's circuit; 0 disables
+    breaker_open_s: float = Field(5.0, ge=0)
+    max_messages: int = Field(2048, ge=1)
+    # tenant (or "*" for every tenant without its own) -> "RATE/BURST": requests per second, bucket size.
+    rate_limits: dict[str, str] = {}
+    shutdown_timeout_s: float = Field(30.0, gt=0)  # SIGTERM: how long in-flight requests may take to finish
     log_level: str = "INFO"
+    # Determinism rules (gateway/policy_rules.py): user profiles, alias overrides (false
+    # un-pins), per-model-glob strategies, named schemas, schema-validated retries.
+    profiles: tuple[dict[str, Any], ...] = ()
+    aliases: dict[str, str | Literal[False] | None] = {}
+    strategies: dict[str, ModelStrategy] = {}
+    schemas: dict[str, dict[str, Any]] = {}
+    schema_attempts: int = Field(3, ge=1, le=MAX_ATTEMPTS)
+    schema_feedback: bool = False  # retries show the model its failed answer and the errors
+    # normal: cache as usual; record: always call upstream and overwrite; replay: cache only.
+    mode: Literal["normal", "record", "replay"] = "normal"
+    # On a new system_fingerprint: keep serving cached answers, or rotate to a fresh key namespace.
+    drift_policy: Literal["keep", "rotate"] = "keep"
+    drift_sync_s: float = Field(1.0, gt=0)  # how soon a replica sees another's rotation
+    canaries: tuple[CanaryConfig, ...] = ()
+    canary_interval_s: float = Field(0.0, ge=0)  # 0: canaries run only by `detgate probe`
 
     @field_validator("upstreams", mode="before")
     @classmethod
     def _parse_upstreams(cls, value: Any) -> Any:
         if isinstance(value, (list, tuple)):
             return tuple(parse_upstream(v, i) if isinstance(v, str) else v for i, v in enumerate(value))
+        return value
+
+    @field_validator("rate_limits")
+    @classmethod
+    def _rate_limit_specs(cls, value: dict[str, str]) -> dict[str, str]:
+        for tenant, spec in value.items():
+            parse_rate_limit(spec, tenant)
         return value
 
     @model_validator(mode="after")
@@ -78,12 +133,25 @@ class Settings(BaseModel):
         names = [u.name for u in self.upstreams]
         if len(set(names)) != len(names):
             raise ValueError(f"upstream names must be unique, got {names}")
+        canaries = [c.name for c in self.canaries]
+        if len(set(canaries)) != len(canaries):
+            raise ValueError(f"canary names must be unique, got {canaries}")
+        for canary in self.canaries:
+            if canary.upstream is not None and canary.upstream not in names:
+                raise ValueError(f"canary {canary.name!r} names upstream {canary.upstream!r}, which is not configured")
         if self.passthrough_auth and self.tenants:
             raise ValueError("passthrough_auth and tenants exclude each other: the client's key is either ours or the upstream's")
         keys = [k.get_secret_value() for k in self.tenants.values()]
         if len(set(keys)) != len(keys):
             raise ValueError("two tenants share one API key")
+        self.rules  # compiled here so that bad rules refuse to start
         return self
+
+    @cached_property
+    def rules(self) -> Rules:
+        return compile_rules(profiles=self.profiles, aliases=self.aliases, strategies=self.strategies,
+                             schemas=self.schemas, attempts=self.schema_attempts, feedback=self.schema_feedback,
+                             upstream_profiles=((u.name, u.profile) for u in self.upstreams))
 
 
 def parse_upstream(spec: str, index: int) -> dict[str, Any]:
@@ -94,9 +162,22 @@ def parse_upstream(spec: str, index: int) -> dict[str, Any]:
     return {"name": name, "url": url}
 
 
+def parse_rate_limit(spec: str, tenant: str = "*") -> tuple[float, float]:
+    """"RATE/BURST" (requests per second, bucket size) or a bare "RATE" (burst = max(1, rate))."""
+    rate, sep, burst = str(spec).partition("/")
+    try:
+        r = float(rate)
+        b = float(burst) if sep else max(1.0, r)
+    except ValueError:
+        raise ValueError(f"rate limit of {tenant!r} must be RATE/BURST, e.g. 10/20, not {spec!r}") from None
+    if not (r > 0 and b >= 1 and r < float("inf") and b < float("inf")):
+        raise ValueError(f"rate limit of {tenant!r}: RATE must be > 0 and BURST >= 1, got {spec!r}")
+    return r, b
+
+
 # Fields whose env value is a list (comma separated) or a NAME=VALUE map.
 _LIST_FIELDS = {"upstreams"}
-_MAP_FIELDS = {"tenants"}
+_MAP_FIELDS = {"tenants", "rate_limits"}
 
 
 def from_env(environ: Mapping[str, str]) -> dict[str, Any]:

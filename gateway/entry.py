@@ -23,19 +23,30 @@ class Entry:
     body: bytes  # the non-stream JSON response
     sse: bytes | None  # the complete event stream ending in [DONE]; None where a route has no stream form
     model: str  # the model version the upstream said answered
+    # How the answer was chosen ({"vote": record, "attempts": n}), kept with it so that hits
+    # report it as the miss did; None for a plain call.
+    meta: dict[str, Any] | None = None
 
 
 class CorruptEntry(ValueError):
     pass
 
 
+class TamperedEntry(CorruptEntry):
+    """The stored bytes are not what this gateway sealed under this key: altered in the
+    store, copied from another key, or sealed with another secret."""
+
+
 def encode(entry: Entry) -> bytes:
-    return orjson.dumps({
+    record = {
         "v": ENTRY_VERSION,
         "model": entry.model,
         "body": entry.body.decode(),
         "sse": None if entry.sse is None else entry.sse.decode(),
-    })
+    }
+    if entry.meta:
+        record["meta"] = entry.meta
+    return orjson.dumps(record)
 
 
 def decode(raw: bytes) -> Entry:
@@ -44,7 +55,10 @@ def decode(raw: bytes) -> Entry:
         if record["v"] != ENTRY_VERSION:
             raise CorruptEntry(f"entry version {record['v']!r}, this gateway reads {ENTRY_VERSION}")
         sse = record["sse"]
-        return Entry(record["body"].encode(), None if sse is None else sse.encode(), record["model"])
+        meta = record.get("meta")
+        if meta is not None and not isinstance(meta, dict):
+            raise CorruptEntry("entry meta is not an object")
+        return Entry(record["body"].encode(), None if sse is None else sse.encode(), record["model"], meta)
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptEntry(f"unreadable cache entry: {exc}") from exc
 
@@ -202,7 +216,7 @@ class Sealer:
             return seen[1]
         mac, raw = value[: self.MAC_LEN], value[self.MAC_LEN:]
         if not verify_entry(self.secret, key, raw, mac.decode("ascii", "replace")):
-            raise CorruptEntry("cache entry fails its MAC check")
+            raise TamperedEntry("cache entry fails its MAC check")
         entry = decode(raw)
         if len(self._memo) >= self.MEMO:
             del self._memo[next(iter(self._memo))]

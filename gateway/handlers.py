@@ -2,21 +2,32 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.auth import authenticate, upstream_authorization
-from gateway.entry import DONE, CorruptEntry, Entry, sse_event
+from gateway.entry import DONE, CorruptEntry, Entry, TamperedEntry, sse_event
 from gateway.errors import ApiError, UpstreamError, error_body
+from gateway.drift import DriftMonitor, fingerprint_of
 from gateway.feed import Feed
-from gateway.prepare import STRATEGY
+from gateway.limits import TenantLimiter, rate_limited
+from gateway.modes import MODE_CONTROLS, replay_miss
+from gateway.fanout import merged
+from gateway.hidden_vars import scan, warning
+from gateway.policy import Hints
+from gateway.prepare import Prepared
 from gateway.singleflight import Flight, Outcome
 from gateway.state import CACHE, GATEWAY, KEY, METRICS, MODEL, PREPARED, SEALER, SECRET, SETTINGS, TENANT, TENANTS
 from gateway.store import StoreError
 from gateway.strategy import STRATEGIES, Call
+from gateway.strategy_spec import SINGLE
+from gateway.vote_strategy import choose, meta_headers
+from gateway.watch import DRIFT
 
 CACHE_CONTROLS = ("no-store", "no-cache", "only-if-cached")
 
@@ -27,6 +38,10 @@ async def read_body(request: web.Request) -> bytes:
     except web.HTTPRequestEntityTooLarge as exc:
         raise ApiError(413, f"The request body is larger than this gateway accepts ({exc.text}).",
                        code="request_too_large") from None
+    except RequestPayloadError:
+        # e.g. "Content-Encoding: gzip" on a body that is not gzip
+        raise ApiError(400, "The request body could not be read as its headers describe it "
+                            "(Content-Encoding or framing).", code="invalid_body") from None
 
 
 def cache_control(value: str | None) -> str | None:
@@ -43,47 +58,133 @@ def cached_route(route: str):
     async def handler(request: web.Request) -> web.StreamResponse:
         app = request.app
         raw = await read_body(request)
-        prepared = app[PREPARED].get(route, raw, request.headers.get("Authorization"), app[SETTINGS], app[TENANTS],
-                                     app[SECRET])
+        hints = Hints(request.headers.get("x-detgate-mode"), request.headers.get("x-detgate-vote"),
+                      request.headers.get("x-detgate-schema"))
+        prepared = app[PREPARED].get(route, raw, request.headers.get("Authorization"), hints, app[SETTINGS],
+                                     app[TENANTS], app[SECRET])
         request[TENANT], request[MODEL], request[KEY] = prepared.tenant, prepared.model, prepared.key
         metrics = app[METRICS]
         for rule in prepared.rules:
             metrics.canonical_rules.labels(rule).inc()
+        for param in prepared.rewrites:
+            metrics.rewrote(param)
         control = cache_control(request.headers.get("x-detgate-cache-control"))
+        mode = app[SETTINGS].mode
+        if mode != "normal":
+            control = MODE_CONTROLS[mode]
         key, call, stream = prepared.key, prepared.call, prepared.call.stream
+        drift = app[DRIFT]
+        key = request[KEY] = drift.key(key, call.upstream.name, prepared.model)
         headers = {"x-detgate-key": key}
         if prepared.warnings:
             headers["x-detgate-warnings"] = "; ".join(prepared.warnings)
 
         gateway = app[GATEWAY]
+        if gateway.limiter is not None:
+            await admit(request, gateway.limiter, prepared.tenant)
+        if prepared.split:
+            return await _answer_split(request, prepared, control, headers)
         if control == "no-store":
+            _flag_hidden(request, call, headers)
             feed = Feed()
-            task = asyncio.create_task(_unshared(_producer(call, gateway.client), feed))
-            return await _answer(request, Flight(feed, task), stream, "bypass", headers)
+            task = asyncio.create_task(_unshared(_producer(call, gateway.client, drift, prepared.model, headers), feed))
+            return await _answer(request, Flight(feed, task), stream, "bypass", headers, bypass="no-store")
         refresh = control == "no-cache"
+        store_down = False
         if not refresh:
-            entry, corrupt = await _lookup(request, key)
+            entry, corrupt, store_down = await _lookup(request, key)
             if entry is not None:
                 return _respond(request, entry, stream, "hit", headers)
+            if mode == "replay":
+                raise replay_miss(key, call.body, headers)
             if control == "only-if-cached":
                 raise ApiError(404, f"No cached answer for key {key} (x-detgate-cache-control: only-if-cached).",
                                param="x-detgate-cache-control", code="cache_miss", headers=headers)
             refresh = corrupt
-        flight, leader = gateway.flights.join(key, _producer(call, gateway.client), refresh=refresh)
+        _flag_hidden(request, call, headers)
+        flight, leader = gateway.flights.join(key, _producer(call, gateway.client, drift, prepared.model, headers),
+                                              refresh=refresh)
         if not leader:
             metrics.coalesced.labels(route).inc()
+        if store_down:
+            return await _answer(request, flight, stream, "bypass", headers, bypass="store_down")
         return await _answer(request, flight, stream, "miss" if leader else "coalesced", headers)
 
     return handler
 
 
-def _producer(call: Call, client):
-    strategy = STRATEGIES[STRATEGY]
+def _producer(call: Call, client, drift: DriftMonitor, model: str, headers: dict[str, str]):
+    strategy = STRATEGIES["single"] if call.spec is SINGLE else choose
 
     async def produce(feed: Feed) -> Entry:
-        return await strategy(call, client, feed)
+        entry = await strategy(call, client, feed)
+        # Observed before the entry is stored, so that the answer which revealed a drift says
+        # so (through `headers`, read once the flight lands; a stream's have left by then).
+        event = await drift.observe(call.upstream.name, model, fingerprint_of(entry.body))
+        if event is not None:
+            headers["x-detgate-warnings"] = "; ".join(filter(None, (headers.get("x-detgate-warnings"), event.warning())))
+        return entry
 
     return produce
+
+
+def _flag_hidden(request: web.Request, call: Call, headers: dict[str, str]) -> None:
+    """Warn about prompt values that change per request. On misses only: the scan costs
+    time, and a hit already proves that its key repeats."""
+    findings = scan(call.route, call.body, time.time())
+    if not findings:
+        return
+    metrics = request.app[METRICS]
+    for finding in findings:
+        metrics.hidden_variables.labels(finding.kind).inc()
+    headers["x-detgate-warnings"] = "; ".join(filter(None, (headers.get("x-detgate-warnings"), warning(findings))))
+
+
+async def _answer_split(request: web.Request, prepared: Prepared, control: str | None, headers: dict[str, str]) -> web.Response:
+    """n > 1 split by the profile: each part looked up or filled on its own key, all at
+    once, then merged in order. The first failing part's error is the answer."""
+    drift = request.app[DRIFT]
+    parts = [(drift.key(key, call.upstream.name, prepared.model), call) for key, call in prepared.split]
+    headers["x-detgate-key"] = request[KEY] = ",".join(key for key, _ in parts)
+    if control != "only-if-cached" and request.app[SETTINGS].mode != "replay":
+        _flag_hidden(request, prepared.split[0][1], headers)
+    try:
+        results = await asyncio.gather(*(_part(request, key, call, control, prepared.model, headers)
+                                         for key, call in parts))
+    except UpstreamError as exc:
+        request[CACHE] = "miss"
+        return _upstream_error(exc, {**headers, "x-detgate-cache": "miss"})
+    caches = {cache for _, cache in results}
+    cache = "hit" if caches == {"hit"} else next(c for c in ("bypass", "miss", "coalesced") if c in caches)
+    return _respond(request, merged(prepared.call.route, [entry for entry, _ in results]), prepared.call.stream,
+                    cache, headers)
+
+
+async def _part(request: web.Request, key: str, call: Call, control: str | None, model: str,
+                headers: dict[str, str]) -> tuple[Entry, str]:
+    """One part of a split: (its entry, how it was found)."""
+    app = request.app
+    gateway = app[GATEWAY]
+    produce = _producer(call, gateway.client, app[DRIFT], model, headers)
+    if control == "no-store":
+        feed = Feed()
+        return (await asyncio.shield(asyncio.create_task(_unshared(produce, feed)))).entry, "bypass"
+    refresh = control == "no-cache"
+    if not refresh:
+        entry, corrupt, _ = await _lookup(request, key)
+        if entry is not None:
+            return entry, "hit"
+        if app[SETTINGS].mode == "replay":
+            raise replay_miss(key, call.body, headers)
+        if control == "only-if-cached":
+            raise ApiError(404, f"No cached answer for key {key} (x-detgate-cache-control: only-if-cached).",
+                           param="x-detgate-cache-control", code="cache_miss", headers=headers)
+        refresh = corrupt
+    flight, leader = gateway.flights.join(key, produce, refresh=refresh)
+    outcome = await asyncio.shield(flight.task)
+    if not outcome.stored:
+        return outcome.entry, "bypass"
+    return outcome.entry, "miss" if leader and outcome.filled else "coalesced"
 
 
 async def _unshared(produce, feed: Feed) -> Outcome:
@@ -93,38 +194,62 @@ async def _unshared(produce, feed: Feed) -> Outcome:
         feed.close()
 
 
-async def _lookup(request: web.Request, key: str) -> tuple[Entry | None, bool]:
-    """(entry, whether a stored value was corrupt and should be overwritten)."""
+async def admit(request: web.Request, limiter: TenantLimiter, tenant: str) -> None:
+    decision = await limiter.check(tenant)
+    if not decision.allowed:
+        request.app[METRICS].rate_limited.labels(tenant).inc()
+        raise rate_limited(tenant, decision)
+
+
+def store_unavailable(what: str) -> ApiError:
+    return ApiError(503, f"The cache store is unavailable ({what}) and this gateway is configured "
+                         "--cache-failure fail-closed: it answers only what it can store. Retry shortly.",
+                    type="server_error", code="cache_unavailable", headers={"Retry-After": "1"})
+
+
+async def _lookup(request: web.Request, key: str) -> tuple[Entry | None, bool, bool]:
+    """(entry, whether a stored value was corrupt and should be overwritten, whether the
+    store failed). A failed store is a 503 when the gateway is configured fail-closed."""
     app = request.app
     try:
         raw = await app[GATEWAY].store.get(key)
-    except StoreError:
+    except StoreError as exc:
         app[METRICS].cache_errors.labels("get").inc()
-        return None, False
+        if app[SETTINGS].cache_failure == "fail-closed":
+            raise store_unavailable(str(exc)) from None
+        return None, False, True
     if raw is None:
-        return None, False
+        return None, False, False
     try:
-        return app[SEALER].open(key, raw), False
-    except CorruptEntry:
-        app[METRICS].cache_errors.labels("decode").inc()
-        return None, True
+        return app[SEALER].open(key, raw), False, False
+    except CorruptEntry as exc:
+        if isinstance(exc, TamperedEntry):
+            app[METRICS].cache_tamper.inc()
+        else:
+            app[METRICS].cache_errors.labels("decode").inc()
+        return None, True, False
 
 
 def _respond(request: web.Request, entry: Entry, stream: bool, cache: str, headers: dict[str, str]) -> web.Response:
     request[CACHE] = cache
     headers = {**headers, "x-detgate-cache": cache, "x-detgate-model-version": entry.model}
+    if entry.meta:
+        headers.update(meta_headers(entry.meta))
     if stream and entry.sse is not None:
         return web.Response(body=entry.sse, headers=headers, content_type="text/event-stream")
     return web.Response(body=entry.body, headers=headers, content_type="application/json")
 
 
 async def _answer(request: web.Request, flight: Flight, stream: bool, cache: str,
-                  headers: dict[str, str]) -> web.StreamResponse:
+                  headers: dict[str, str], bypass: str | None = None) -> web.StreamResponse:
     """Serve a flight's answer: live events while they come when streaming, else the entry.
 
     Waits are shielded: this request going away must not cancel a call others share.
+    `bypass` is why the cache is out of the picture from the start, if it is.
     """
     request[CACHE] = cache
+    if bypass is not None:
+        request.app[METRICS].cache_bypass.labels(bypass).inc()
     if stream:
         await asyncio.shield(flight.feed.started())
     if not (stream and flight.feed.events):
@@ -136,6 +261,12 @@ async def _answer(request: web.Request, flight: Flight, stream: bool, cache: str
         if not outcome.filled and cache == "miss":
             cache = "coalesced"  # another replica's call answered it
             request.app[METRICS].coalesced.labels(request.match_info.route.name or "").inc()
+        if not outcome.stored and cache != "bypass":
+            # The store failed while this answer was being filled: it went out uncached.
+            if request.app[SETTINGS].cache_failure == "fail-closed":
+                raise store_unavailable("the answer could not be stored")
+            cache = "bypass"
+            request.app[METRICS].cache_bypass.labels("store_down").inc()
         return _respond(request, outcome.entry, stream, cache, headers)
     return await _stream_live(request, flight, cache, headers)
 
@@ -175,7 +306,7 @@ def _in_band_error(exc: UpstreamError) -> bytes:
 def _upstream_error(exc: UpstreamError, headers: dict[str, str]) -> web.Response:
     response = exc.response()
     response.headers.update(headers)
-    for name in ("retry-after", "retry-after-ms"):
+    for name in ("retry-after", "retry-after-ms", "x-detgate-attempts"):
         value = next((v for k, v in exc.headers.items() if k.lower() == name), None)
         if value is not None:
             response.headers[name] = value
@@ -204,7 +335,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     authorization = upstream_authorization(upstream, client_auth, settings.passthrough_auth)
     if authorization:
         headers["Authorization"] = authorization
-    body = await request.read()
+    body = await read_body(request)
     client = app[GATEWAY].client
     try:
         upstream_response = await client.session.request(request.method, url, params=request.query, data=body or None,

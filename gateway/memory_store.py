@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from typing import AsyncIterator
 
 
 class MemoryStore:
@@ -68,6 +69,10 @@ class MemoryStore:
         held = self._locks.get(key)
         if held is not None and held[0] == owner:
             del self._locks[key]
+
+    async def keys(self) -> AsyncIterator[str]:
+        for key in list(self._entries):
+            yield key
 
     async def close(self) -> None:
         self._entries.clear()

@@ -29,7 +29,50 @@ class Metrics:
                                        ["rule"], registry=r)
         self.cache_entries_bytes = Gauge("detgate_cache_entries_bytes", "Bytes held by the in-process store.", registry=r)
         self.inflight = Gauge("detgate_inflight_requests", "Requests being answered right now.", registry=r)
+        # Issue 5: drift and canaries.
+        self.drift_events = Counter("detgate_drift_events", "Upstream changes noticed: a new system_fingerprint, "
+                                    "or a canary answering differently.", ["upstream", "model", "kind"], registry=r)
+        self.canary_status = Gauge("detgate_canary_status", "1 while a canary answers as first recorded, 0 after "
+                                   "a mismatch.", ["canary"], registry=r)
+        self.canary_runs = Counter("detgate_canary_runs", "Canary probes run, by result (match, mismatch, "
+                                   "recorded, error).", ["canary", "result"], registry=r)
+        # Issue 7: reliability, limits and cache integrity.
+        self.upstream_retries = Counter("detgate_upstream_retries", "Upstream attempts retried, by why they failed.",
+                                        ["upstream", "reason"], registry=r)
+        self.circuit_open = Gauge("detgate_circuit_open", "1 while an upstream's circuit breaker is open.",
+                                  ["upstream"], registry=r)
+        self.upstream_saturated = Counter("detgate_upstream_saturated",
+                                          "Requests refused for want of a concurrent-call slot to an upstream.",
+                                          ["upstream", "why"], registry=r)
+        self.rate_limited = Counter("detgate_rate_limited", "Requests refused by a tenant's rate limit.",
+                                    ["tenant"], registry=r)
+        self.cache_bypass = Counter("detgate_cache_bypass", "Requests answered without the cache, by why.",
+                                    ["reason"], registry=r)
+        self.cache_tamper = Counter("detgate_cache_tamper",
+                                    "Stored entries that failed their MAC check (altered, or copied from another key).",
+                                    registry=r)
+        # Issue 5: de-randomization, hidden variables, votes and schema-validated retries.
+        self.param_rewrites = Counter("detgate_param_rewrites", "Sampling parameters the policy changed or flagged.",
+                                      ["param"], registry=r)
+        self.hidden_variables = Counter("detgate_hidden_variables", "Prompts (on misses) holding values that change "
+                                        "per request: timestamps, dates, UUIDs, request ids.", ["kind"], registry=r)
+        self.votes = Counter("detgate_vote", "Majority votes decided, by outcome (majority, plurality, tie_break, "
+                             "failed).", ["model", "outcome"], registry=r)
+        self.vote_agreement = Histogram("detgate_vote_agreement", "Share of a vote's counted answers that agreed "
+                                        "with the winner.", buckets=(0.2, 0.34, 0.4, 0.5, 0.6, 0.67, 0.75, 0.8, 0.9, 1.0),
+                                        registry=r)
+        self.schema_attempts = Counter("detgate_schema_attempts", "Schema-checked answers, by result: valid or "
+                                       "invalid per attempt, exhausted per request whose attempts all failed.",
+                                       ["model", "result"], registry=r)
         self._children: dict[tuple[str, str, str, str], tuple[Counter, Histogram]] = {}
+        self._rewrites: dict[str, Counter] = {}
+
+    def rewrote(self, param: str) -> None:
+        """Count one parameter the policy changed; on the hit path too, so children are kept."""
+        child = self._rewrites.get(param)
+        if child is None:
+            child = self._rewrites[param] = self.param_rewrites.labels(param)
+        child.inc()
 
     def observe_request(self, route: str, model: str, cache: str, code: str, seconds: float) -> None:
         """Count a finished request. Labelled children are kept, since resolving labels on every

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Callable
+from typing import AsyncIterator, Callable
 
 from gateway.store import Store
 
@@ -66,6 +66,9 @@ class NearCache:
 
     async def unlock(self, key: str, owner: str) -> None:
         await self.store.unlock(key, owner)
+
+    def keys(self) -> AsyncIterator[str]:
+        return self.store.keys()
 
     async def close(self) -> None:
         self._copies.clear()

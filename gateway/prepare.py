@@ -1,6 +1,6 @@
 """From request bytes to what the cache needs: tenant, upstream call and signed key.
 
-A pure function of (route, body bytes, Authorization, settings), so its result can be
+A pure function of (route, body bytes, Authorization, policy hints, settings), so its result can be
 remembered: a hot request repeated byte for byte skips parsing, validation,
 canonicalization and signing, which are most of a cache hit's CPU time.
 """
@@ -15,12 +15,11 @@ from gateway.canonical import CanonicalError, canonical_json, canonicalize
 from gateway.config import Settings
 from gateway.errors import ApiError
 from gateway.keys import KeyParts, sign
-from gateway.policy import apply_policy
+from gateway.limits import check_message_count
+from gateway.policy import Hints, apply_policy
 from gateway.routing import route as pick_upstream
 from gateway.strategy import Call
 from gateway.validation import validate
-
-STRATEGY = "single"
 
 
 @dataclass(frozen=True)
@@ -31,9 +30,13 @@ class Prepared:
     call: Call
     warnings: tuple[str, ...]
     rules: tuple[str, ...]  # canonicalization rules that fired, counted per request
+    rewrites: tuple[str, ...] = ()  # parameters the policy changed, counted per request
+    # n > 1 split by the profile: one (key, call) per answer, merged in order; `key` and
+    # `call` above are then the joined keys and the first call.
+    split: tuple[tuple[str, Call], ...] = ()
 
 
-def prepare(route: str, raw: bytes, authorization: str | None, settings: Settings, tenants: Tenants,
+def prepare(route: str, raw: bytes, authorization: str | None, hints: Hints, settings: Settings, tenants: Tenants,
             secret: bytes) -> Prepared:
     """Raises ApiError (4xx) for anything the client must fix."""
     try:
@@ -41,19 +44,31 @@ def prepare(route: str, raw: bytes, authorization: str | None, settings: Setting
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
     validate(route, body)
+    check_message_count(route, body, settings.max_messages)
     tenant = authenticate(authorization, tenants, settings.passthrough_auth)
     upstream, model = pick_upstream(settings.upstreams, body["model"])
-    body, warnings = apply_policy(route, {**body, "model": model}, upstream)
-    try:
-        canonical = canonicalize(route, body)
-        signed = canonical_json(canonical.body)
-    except CanonicalError as exc:
-        raise ApiError(400, f"The request has no canonical form: {exc}.", param=exc.param, code="invalid_value") from None
-    key = sign(secret, KeyParts(tenant, upstream.name, model, route, STRATEGY, signed))
+    policy = apply_policy(route, {**body, "model": model}, upstream, settings.rules, hints)
     stream = body.get("stream") is True
-    call = Call(route, upstream, upstream_body(canonical.body, body, stream),
-                upstream_authorization(upstream, authorization, settings.passthrough_auth), stream)
-    return Prepared(tenant, model, key, call, warnings, canonical.rules)
+    auth = upstream_authorization(upstream, authorization, settings.passthrough_auth)
+    parts, rules = [], ()
+    for sent in policy.bodies:
+        try:
+            canonical = canonicalize(route, sent)
+            signed = canonical_json(canonical.body)
+        except CanonicalError as exc:
+            raise ApiError(400, f"The request has no canonical form: {exc}.", param=exc.param, code="invalid_value") from None
+        rules = rules or canonical.rules
+        key = sign(secret, KeyParts(tenant, upstream.name, policy.model, route, policy.spec.name, signed))
+        # The parts of a split are answered whole and merged, so each is fetched unstreamed.
+        part_stream = stream and len(policy.bodies) == 1
+        parts.append((key, Call(route, upstream, upstream_body(canonical.body, sent, part_stream), auth, part_stream,
+                                policy.spec)))
+    if len(parts) == 1:
+        key, call = parts[0]
+        return Prepared(tenant, policy.model, key, call, policy.warnings, rules, policy.rewrites)
+    call = Call(route, upstream, parts[0][1].body, auth, stream, policy.spec)
+    return Prepared(tenant, policy.model, ",".join(k for k, _ in parts), call, policy.warnings, rules,
+                    policy.rewrites, tuple(parts))
 
 
 def upstream_body(canonical: dict, sent: dict, stream: bool) -> dict:
@@ -75,16 +90,16 @@ class PreparedMemo:
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self._memo: dict[tuple[str, str | None, bytes], Prepared] = {}
+        self._memo: dict[tuple[str, str | None, Hints, bytes], Prepared] = {}
 
-    def get(self, route: str, raw: bytes, authorization: str | None, settings: Settings, tenants: Tenants,
-            secret: bytes) -> Prepared:
+    def get(self, route: str, raw: bytes, authorization: str | None, hints: Hints, settings: Settings,
+            tenants: Tenants, secret: bytes) -> Prepared:
         if len(raw) > self.MAX_BODY:
-            return prepare(route, raw, authorization, settings, tenants, secret)
-        memo_key = (route, authorization, raw)
+            return prepare(route, raw, authorization, hints, settings, tenants, secret)
+        memo_key = (route, authorization, hints, raw)
         found = self._memo.get(memo_key)
         if found is None:
-            found = prepare(route, raw, authorization, settings, tenants, secret)
+            found = prepare(route, raw, authorization, hints, settings, tenants, secret)
             if len(self._memo) >= self.size:
                 del self._memo[next(iter(self._memo))]
             self._memo[memo_key] = found

@@ -50,12 +50,15 @@ class Profile:
     fix_sampling: bool = True
     seed: int = 0
     n_policy: NPolicy = "split"
+    # Whether a majority vote can add anything. Not where one seeded answer already
+    # replays exactly (whitebox): there k calls would return k copies of one answer.
+    votes: bool = True
 
 
 PROFILES: dict[str, Profile] = {
     "openai": Profile("openai"),
     "generic-openai-compatible": Profile("generic-openai-compatible"),
-    "whitebox": Profile("whitebox", default_temperature=None, fix_sampling=False),
+    "whitebox": Profile("whitebox", default_temperature=None, fix_sampling=False, votes=False),
 }
 
 
@@ -91,6 +94,8 @@ def _check(p: Profile) -> None:
                          f"a stand-in for 0, got {p.zero_temperature!r}")
     if type(p.fix_sampling) is not bool:
         raise ValueError(f"profile {p.name!r}: fix_sampling must be true or false")
+    if type(p.votes) is not bool:
+        raise ValueError(f"profile {p.name!r}: votes must be true or false")
     if type(p.seed) is not int:
         raise ValueError(f"profile {p.name!r}: seed must be an integer")
     if p.n_policy not in ("split", "reject"):
@@ -152,6 +157,14 @@ def derandomize(route: str, body: dict, profile: Profile, mode: Mode) -> tuple[d
         elif value is not _KEEP:
             out[param] = value
     return out, [message for _, message, _ in changes]
+
+
+def changed_params(route: str, body: dict, profile: Profile, mode: Mode) -> list[str]:
+    """The parameters `derandomize` changes or warns about, one per warning, in its order
+    (for counting rewrites by parameter)."""
+    if mode == "off" or route not in _SAMPLING_ROUTES:
+        return []
+    return [param for param, _, _ in _changes(body, profile)]
 
 
 _KEEP = object()  # a warning only: the parameter stays as sent

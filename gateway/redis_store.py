@@ -1,7 +1,12 @@
 """The shared store: Redis, so replicas share entries and fill locks and entries outlive restarts."""
 from __future__ import annotations
 
+from typing import AsyncIterator
+
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from gateway.store import StoreError
@@ -10,6 +15,9 @@ from gateway.store import StoreError
 # one slot, so the commit script may touch both.
 def entry_name(key: str) -> str:
     return f"detgate:e:{{{key}}}"
+
+
+_ENTRY_PREFIX = entry_name("")[:-2]  # "detgate:e:", before the braces
 
 
 def lock_name(key: str) -> str:
@@ -33,12 +41,34 @@ return stored
 """
 
 
+CLUSTER_SCHEME = "redis+cluster://"
+
+
+def connect(url: str, timeout_s: float = 1.0, max_connections: int = 256) -> aioredis.Redis | aioredis.RedisCluster:
+    """A client for `url`; "redis+cluster://host:port" (any one node) means Redis Cluster.
+
+    Every operation is bounded by `timeout_s` (connecting, and waiting for a reply), so a
+    hung Redis costs a request at most that long. A connection that broke (Redis was
+    restarted) is retried once at once on a fresh one; past that the store is down.
+    """
+    options = dict(max_connections=max_connections, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                   retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)))
+    if url.startswith(CLUSTER_SCHEME):
+        return aioredis.RedisCluster.from_url("redis://" + url[len(CLUSTER_SCHEME):], **options)
+    return aioredis.Redis.from_url(url, **options)
+
+
 class RedisStore:
-    def __init__(self, url: str, max_connections: int = 256) -> None:
-        self._redis = aioredis.Redis.from_url(url, max_connections=max_connections)
+    def __init__(self, url: str, timeout_s: float = 1.0, max_connections: int = 256) -> None:
+        self._redis = connect(url, timeout_s, max_connections)
         self._renew = self._redis.register_script(_RENEW)
         self._unlock = self._redis.register_script(_UNLOCK)
         self._commit = self._redis.register_script(_COMMIT)
+
+    @property
+    def client(self) -> aioredis.Redis | aioredis.RedisCluster:
+        """For others that keep their state in the same Redis (shared rate limits)."""
+        return self._redis
 
     async def ping(self) -> None:
         try:
@@ -76,6 +106,14 @@ class RedisStore:
             await self._unlock(keys=[lock_name(key)], args=[owner])
         except RedisError as exc:
             raise StoreError(f"redis unlock: {exc}") from exc
+
+    async def keys(self) -> AsyncIterator[str]:
+        # SCAN, not KEYS: a large cache is walked in slices without blocking Redis.
+        try:
+            async for name in self._redis.scan_iter(match=_ENTRY_PREFIX + "*", count=1000):
+                yield name.decode()[len(_ENTRY_PREFIX) + 1:-1]
+        except RedisError as exc:
+            raise StoreError(f"redis scan: {exc}") from exc
 
     async def close(self) -> None:
         await self._redis.aclose()

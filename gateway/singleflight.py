@@ -15,7 +15,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from gateway.entry import CorruptEntry, Entry, Sealer
+from gateway.entry import CorruptEntry, Entry, Sealer, TamperedEntry
 from gateway.feed import Feed
 from gateway.store import Store, StoreError
 
@@ -29,6 +29,7 @@ POLL_MAX_S = 0.05
 class Outcome:
     entry: Entry
     filled: bool  # False when another replica's entry arrived while we waited for its lock
+    stored: bool = True  # False when the store failed and this answer went out uncached
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ class SingleFlight:
                 raise
             finally:
                 heartbeat.cancel()
-            return Outcome(await self._commit(key, entry, refresh), filled=True)
+            stored, entry = await self._commit(key, entry, refresh)
+            return Outcome(entry, filled=True, stored=stored)
         finally:
             feed.close()
 
@@ -104,20 +106,21 @@ class SingleFlight:
             return None
         try:
             return self.sealer.open(key, raw)
-        except CorruptEntry:
-            self._on_store_error("decode")
+        except CorruptEntry as exc:
+            self._on_store_error("tamper" if isinstance(exc, TamperedEntry) else "decode")
             return None
 
-    async def _commit(self, key: str, entry: Entry, refresh: bool) -> Entry:
-        """Store first-writer-wins, release the lock, and return what is stored, which every
-        reader then gets."""
+    async def _commit(self, key: str, entry: Entry, refresh: bool) -> tuple[bool, Entry]:
+        """Store first-writer-wins, release the lock, and return (whether the store holds an
+        answer, what it holds), which every reader then gets."""
         raw = self.sealer.seal(key, entry)
         stored = await self._safely("put", self.store.commit(key, raw, self.owner, overwrite=refresh))
         if stored is None:  # the store failed: this answer goes out unstored; the lock lapses by lease
-            return entry
+            return False, entry
         if stored:
-            return entry
-        return await self._read(key) or entry
+            return True, entry
+        winner = await self._read(key)
+        return winner is not None, winner or entry
 
     async def _heartbeat(self, key: str) -> None:
         while True:

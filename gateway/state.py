@@ -8,6 +8,7 @@ from aiohttp import web
 from gateway.auth import Tenants
 from gateway.config import Settings
 from gateway.entry import Sealer
+from gateway.limits import TenantLimiter
 from gateway.logs import AccessLog
 from gateway.metrics import Metrics
 from gateway.prepare import PreparedMemo
@@ -23,6 +24,7 @@ class Gateway:
     store: Store
     flights: SingleFlight
     client: UpstreamClient
+    limiter: TenantLimiter | None = None  # per-tenant rate limits, when configured
 
 
 SETTINGS = web.AppKey("settings", Settings)

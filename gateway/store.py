@@ -5,7 +5,7 @@ refresh). Fill locks carry a lease so that a dead holder's claim runs out by its
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import AsyncIterator, Protocol
 
 
 class StoreError(Exception):
@@ -25,5 +25,9 @@ class Store(Protocol):
     async def renew(self, key: str, owner: str, lease_ms: int) -> bool: ...
 
     async def unlock(self, key: str, owner: str) -> None: ...
+
+    def keys(self) -> AsyncIterator[str]:
+        """Every stored cache key, in no particular order (for `detgate cache export`)."""
+        ...
 
     async def close(self) -> None: ...

@@ -14,6 +14,7 @@ from gateway.config import UpstreamConfig
 from gateway.entry import Entry, from_body, from_events
 from gateway.errors import UpstreamError
 from gateway.feed import Feed
+from gateway.strategy_spec import SINGLE, StrategySpec
 from gateway.upstream import UpstreamClient
 
 
@@ -23,7 +24,8 @@ class Call:
     upstream: UpstreamConfig
     body: dict  # exactly what the upstream is sent
     authorization: str | None
-    stream: bool
+    stream: bool  # the client wants a stream
+    spec: StrategySpec = SINGLE  # what a miss runs; anything but SINGLE runs vote_strategy.choose
 
 
 Strategy = Callable[[Call, UpstreamClient, Feed], Awaitable[Entry]]

@@ -13,60 +13,121 @@ import aiohttp
 import orjson
 
 from gateway.config import UpstreamConfig
+from gateway.deadline import Deadline, client_timeout
 from gateway.errors import UpstreamError
 from gateway.metrics import Metrics
+from gateway.resilience import Resilience
 
 PATHS = {"chat.completions": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
 
 
 class UpstreamClient:
-    def __init__(self, session: aiohttp.ClientSession, metrics: Metrics, timeout_s: float) -> None:
+    def __init__(self, session: aiohttp.ClientSession, metrics: Metrics, resilience: Resilience) -> None:
         self.session = session
         self.metrics = metrics
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.resilience = resilience
+
+    @property
+    def timeout(self) -> aiohttp.ClientTimeout:
+        """Timeouts for a single request outside the retrying paths (the plain proxy)."""
+        t = self.resilience.timeouts
+        return client_timeout(Deadline.after(t.total), t.connect, t.idle)
 
     def _record(self, upstream: str, status: int, started: float) -> None:
         self.metrics.upstream_requests.labels(upstream, str(status)).inc()
         self.metrics.upstream_duration.labels(upstream).observe(time.perf_counter() - started)
 
-    async def post_json(self, upstream: UpstreamConfig, route: str, body: dict, authorization: str | None) -> bytes:
+    def _timeout(self, deadline: Deadline) -> aiohttp.ClientTimeout:
+        t = self.resilience.timeouts
+        return client_timeout(deadline, t.connect, t.idle)
+
+    async def post_json(self, upstream: UpstreamConfig, route: str, body: dict, authorization: str | None,
+                        deadline: Deadline | None = None) -> bytes:
+        """The upstream's 200 body, retried on connection errors, timeouts, 429 and 5xx
+        within `deadline` (by default the configured upstream timeout from now)."""
+        deadline = deadline or self.resilience.deadline()
+        data = orjson.dumps(body)
+
+        async def attempt() -> bytes:
+            async with self.resilience.guard(upstream.name, deadline):
+                return await self._post_once(upstream, route, data, authorization, deadline)
+
+        return await self.resilience.call(upstream.name, attempt, deadline)
+
+    async def _post_once(self, upstream: UpstreamConfig, route: str, data: bytes, authorization: str | None,
+                         deadline: Deadline) -> bytes:
+        # Transport errors leave raw, so that retry.retry_reason can tell a refused
+        # connection from a timeout; Resilience.call turns what is left into an UpstreamError.
         started = time.perf_counter()
         status = 502
         try:
-            async with self.session.post(upstream.url + PATHS[route], data=orjson.dumps(body),
-                                         headers=_headers(authorization), timeout=self.timeout) as resp:
+            async with self.session.post(upstream.url + PATHS[route], data=data, headers=_headers(authorization),
+                                         timeout=self._timeout(deadline)) as resp:
                 status = resp.status
                 payload = await resp.read()
                 if resp.status != 200:
-                    raise UpstreamError(resp.status, payload, resp.content_type, dict(resp.headers))
+                    raise UpstreamError(resp.status, _scrubbed(payload, authorization), resp.content_type,
+                                        dict(resp.headers))
                 _check_json(upstream.name, payload)
                 return payload
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            status = 504 if isinstance(exc, asyncio.TimeoutError) else 502
-            raise UpstreamError.unreachable(upstream.name, repr(exc), status) from exc
+        except asyncio.TimeoutError:
+            status = 504
+            raise
         finally:
             self._record(upstream.name, status, started)
 
-    async def stream(self, upstream: UpstreamConfig, route: str, body: dict,
-                     authorization: str | None) -> AsyncIterator[bytes]:
-        """The payloads of the upstream's SSE events up to [DONE]; raises unless [DONE] came."""
+    async def stream(self, upstream: UpstreamConfig, route: str, body: dict, authorization: str | None,
+                     deadline: Deadline | None = None) -> AsyncIterator[bytes]:
+        """The payloads of the upstream's SSE events up to [DONE]; raises unless [DONE] came.
+
+        Retried like post_json until the first event arrives; after that the event is on
+        its way to clients, and a break can only end the stream with an error.
+        """
+        deadline = deadline or self.resilience.deadline()
+        data = orjson.dumps(body)
+
+        async def attempt() -> tuple[AsyncIterator[bytes], bytes | None]:
+            events = self._stream_once(upstream, route, data, authorization, deadline)
+            try:
+                return events, await anext(events)
+            except StopAsyncIteration:
+                return events, None
+
+        events, first = await self.resilience.call(upstream.name, attempt, deadline)
+        try:
+            if first is None:
+                return
+            yield first
+            async for payload in events:
+                yield payload
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:  # ValueError: an overlong line
+            raise UpstreamError.broken_stream(upstream.name, repr(exc)) from exc
+        finally:
+            await events.aclose()
+
+    async def _stream_once(self, upstream: UpstreamConfig, route: str, data: bytes, authorization: str | None,
+                           deadline: Deadline) -> AsyncIterator[bytes]:
+        # The slot and the breaker permit are held until the stream ends, so a stream that
+        # breaks mid-way counts against the upstream's health like any other failure.
         started = time.perf_counter()
         status = 502
         try:
-            async with self.session.post(upstream.url + PATHS[route], data=orjson.dumps(body),
-                                         headers=_headers(authorization), timeout=self.timeout) as resp:
-                status = resp.status
-                if resp.status != 200:
-                    raise UpstreamError(resp.status, await resp.read(), resp.content_type, dict(resp.headers))
-                async for data in _sse_payloads(resp.content):
-                    if data == b"[DONE]":
-                        return
-                    _check_chunk(upstream.name, data)
-                    yield data
-                raise UpstreamError.broken_stream(upstream.name, "closed before [DONE]")
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:  # ValueError: an overlong line
-            status = 504 if isinstance(exc, asyncio.TimeoutError) else 502
-            raise UpstreamError.broken_stream(upstream.name, repr(exc)) from exc
+            async with self.resilience.guard(upstream.name, deadline):
+                async with self.session.post(upstream.url + PATHS[route], data=data, headers=_headers(authorization),
+                                             timeout=self._timeout(deadline)) as resp:
+                    status = resp.status
+                    if resp.status != 200:
+                        raise UpstreamError(resp.status, _scrubbed(await resp.read(), authorization),
+                                            resp.content_type, dict(resp.headers))
+                    async for payload in _sse_payloads(resp.content):
+                        if payload == b"[DONE]":
+                            return
+                        _check_chunk(upstream.name, payload)
+                        yield payload
+                    raise aiohttp.ClientPayloadError(f"upstream {upstream.name!r} closed its stream before [DONE]")
+        except asyncio.TimeoutError:
+            status = 504
+            raise
         finally:
             self._record(upstream.name, status, started)
 
@@ -76,6 +137,15 @@ def _headers(authorization: str | None) -> dict[str, str]:
     if authorization:
         headers["Authorization"] = authorization
     return headers
+
+
+def _scrubbed(payload: bytes, authorization: str | None) -> bytes:
+    """An upstream's error body with the credential it was sent taken out: some providers
+    quote the key they rejected, and an error is passed on to the client."""
+    if not authorization:
+        return payload
+    token = authorization.partition(" ")[2].strip().encode() or authorization.encode()
+    return payload.replace(token, b"[redacted]") if token in payload else payload
 
 
 def _check_json(upstream: str, payload: bytes) -> None:

@@ -13,13 +13,14 @@ Why a row's bits depend only on its own query and its own sequence's KV:
   a split: online softmax over its tiles in order. Masked scores are -inf and
   become exact zeros, so a tile past a row's own position leaves its state
   bit-for-bit unchanged; that is why rows of different lengths can share a
-  program.
+  program. KV past a sequence's length is read as 0, never from the cache, so
+  stale memory (even NaN) cannot leak in through 0 * NaN.
 - Splits are folded in order 0, 1, 2, ... with one formula, `_fold`, written
   with explicit fma so the compiler cannot contract it differently in the two
   kernels that use it. Folding the first split into the empty state is exact,
   so "fold every split in one program" (prefill) and "one split per program,
-  then fold the stored partials" (decode, long context at small batch) give
-  identical bits; the wrapper picks whichever fills the GPU better.
+  then fold the stored partials" (decode, and batches too small to fill the
+  GPU) give identical bits; the wrapper picks whichever fills the GPU better.
 """
 from __future__ import annotations
 
@@ -33,17 +34,19 @@ import triton.language as tl
 # The constants that fix every row's summation order. Changing any of them
 # changes output bits, so they are part of the kernel version.
 BLOCK_N = 64      # KV positions per tile
-KV_SPLIT = 1024   # KV positions per split (a multiple of BLOCK_N)
+KV_SPLIT = 512    # KV positions per split (a multiple of BLOCK_N)
 NUM_STAGES = 2
 # (max of max_q_len, BLOCK_M query rows per program, num_warps): first row that fits wins.
 # BLOCK_M only decides which rows share a program; bench/kernels_attention.py checks on
-# the GPU that every row here gives the same bits as the first.
-CONFIGS = ((1 << 62, 64, 4),)
+# the GPU that every row here gives the same bits as the first (on an H100 with Triton
+# 3.6, BLOCK_M 64/128 and 4/8 warps all did; 16 and 32 rows did not).
+CONFIGS = ((1024, 64, 4), (1 << 62, 128, 8))
 
 # The partials buffer of the split path is T*H*splits*D fp32; past this size
 # the fold-in-program path runs instead (same bits, no buffer).
 _MAX_PARTIALS_BYTES = 1 << 30
-_FOLD_ROWS = 32   # (token, head) rows per program of the partials fold
+_FOLD_ROWS = 8    # (token, head) rows per program of the partials fold
+_FOLD_UNROLL = 8  # splits whose partials are loaded together, so their loads overlap
 
 
 @triton.jit
@@ -75,7 +78,7 @@ def _fold(M, L, O, m, l, acc):
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_ml_ptr,
     block_tables_ptr, cu_q_ptr, kv_lens_ptr, cu_tiles_ptr,
-    S, n_iter, scale_log2, kv_split, split_per_program,
+    S, n_iter, scale_log2, kv_split, split_per_program, decode_only,
     stride_qt, stride_qh,
     stride_kb, stride_kp, stride_kh,
     stride_vb, stride_vp, stride_vh,
@@ -90,7 +93,11 @@ def _attention_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
-    seq = _seq_of(cu_tiles_ptr, tile, S, n_iter)
+    # Decode-only batches have one tile per sequence: no tile offsets, one launch fewer.
+    if decode_only:
+        seq = tile
+    else:
+        seq = _seq_of(cu_tiles_ptr, tile, S, n_iter)
     live = seq < S
     seq = tl.minimum(seq, S - 1)
     q_start = tl.load(cu_q_ptr + seq)
@@ -99,7 +106,11 @@ def _attention_kernel(
     q_len = tl.where(live, tl.load(cu_q_ptr + seq + 1) - q_start, 0)
     kv_len = tl.load(kv_lens_ptr + seq)
     q_first = kv_len - q_len                         # absolute position of the sequence's first query
-    first = (q_first // BLOCK_Q + tile - tl.load(cu_tiles_ptr + seq)) * BLOCK_Q
+    if decode_only:
+        tile_in_seq = tile * 0
+    else:
+        tile_in_seq = tile - tl.load(cu_tiles_ptr + seq)
+    first = (q_first // BLOCK_Q + tile_in_seq) * BLOCK_Q
 
     rows = tl.arange(0, BLOCK_M)
     pos = first + rows // G                          # absolute position of each query row
@@ -160,6 +171,7 @@ def _attention_kernel(
         part = (q_start + tok)[:, None] * stride_pt + head[:, None] * stride_ph + split * stride_ps
         keep = row_ok & (tok < tl.where(s_hi > s_lo, q_len, 0))
         tl.store(part_o_ptr + part + d[None, :], acc, mask=keep[:, None] & d_ok[None, :])
+        # part_ml is [T, H, splits, 2], indexed like part_o without its last (BLOCK_D) axis.
         tl.store(part_ml_ptr + part // BLOCK_D * 2, m[:, None], mask=keep[:, None])
         tl.store(part_ml_ptr + part // BLOCK_D * 2 + 1, l[:, None], mask=keep[:, None])
     else:
@@ -174,6 +186,7 @@ def _fold_partials_kernel(
     S, n_iter, kv_split, n_rows,
     stride_ot, stride_oh, stride_pt, stride_ph, stride_ps,
     H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     # Rows are (token, head) pairs; each folds its own splits 0..pos // kv_split. A row
     # that has run out of splits folds the empty split (-inf, 0, 0): an exact no-op.
@@ -191,13 +204,16 @@ def _fold_partials_kernel(
     M = tl.full([BLOCK_R], float("-inf"), tl.float32)
     L = tl.zeros([BLOCK_R], tl.float32)
     O = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for sp in range(0, tl.max(n_splits, 0)):
-        take = sp < n_splits
-        part = t * stride_pt + h * stride_ph + sp * stride_ps
-        acc = tl.load(part_o_ptr + part[:, None] + d[None, :], mask=take[:, None] & d_ok[None, :], other=0.0)
-        m = tl.load(part_ml_ptr + part // BLOCK_D * 2, mask=take, other=float("-inf"))
-        l = tl.load(part_ml_ptr + part // BLOCK_D * 2 + 1, mask=take, other=0.0)
-        M, L, O = _fold(M, L, O, m, l, acc)
+    # The fold is a serial chain; unrolling lets the loads of UNROLL splits be in flight at once.
+    for group in range(0, tl.cdiv(tl.max(n_splits, 0), UNROLL)):
+        for i in tl.static_range(UNROLL):
+            sp = group * UNROLL + i
+            take = sp < n_splits
+            part = t * stride_pt + h * stride_ph + sp * stride_ps
+            acc = tl.load(part_o_ptr + part[:, None] + d[None, :], mask=take[:, None] & d_ok[None, :], other=0.0)
+            m = tl.load(part_ml_ptr + part // BLOCK_D * 2, mask=take, other=float("-inf"))
+            l = tl.load(part_ml_ptr + part // BLOCK_D * 2 + 1, mask=take, other=0.0)
+            M, L, O = _fold(M, L, O, m, l, acc)
     o = tl.div_rn(O, tl.where(L > 0, L, 1.0)[:, None])  # L == 0 only on rows never stored
     tl.store(o_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :],
              o.to(o_ptr.dtype.element_ty), mask=(n_splits > 0)[:, None] & d_ok[None, :])
@@ -281,18 +297,24 @@ def paged_attention_triton(
     if T == 0:
         return o
     block_q = block_m // G
-    cu_tiles = torch.empty(S + 1, dtype=torch.int32, device=q.device)
-    _tile_offsets_kernel[(1,)](cu_seqlens_q, kv_lens, cu_tiles, S,
-                               BLOCK_Q=block_q, BLOCK_S=triton.next_power_of_2(S + 1))
-    # Upper bound on the number of position-aligned query tiles, known on the host: no device sync.
-    n_tiles = min(S * (triton.cdiv(max_q_len, block_q) + 1), T // block_q + 2 * S)
+    decode_only = max_q_len == 1
+    if decode_only:
+        n_tiles, cu_tiles = S, cu_seqlens_q  # cu_tiles unread
+    else:
+        cu_tiles = torch.empty(S + 1, dtype=torch.int32, device=q.device)
+        _tile_offsets_kernel[(1,)](cu_seqlens_q, kv_lens, cu_tiles, S,
+                                   BLOCK_Q=block_q, BLOCK_S=triton.next_power_of_2(S + 1))
+        # Upper bound on the number of position-aligned query tiles, known on the host: no device sync.
+        n_tiles = min(S * (triton.cdiv(max_q_len, block_q) + 1), T // block_q + 2 * S)
     n_splits = triton.cdiv(max(max_kv_len, 1), kv_split)
     BLOCK_D = triton.next_power_of_2(D)
     if split_per_program is None:
         sms = _sm_count(q.device.index) if q.is_cuda else 1
         partial_bytes = T * H * n_splits * BLOCK_D * 4
-        split_per_program = (n_splits > 1 and n_tiles * h_kv < 2 * sms
-                             and partial_bytes <= _MAX_PARTIALS_BYTES)
+        # Split when it adds parallelism cheaply: decode-like batches (the partials are
+        # ~G/KV_SPLIT of the KV bytes) or too few query tiles to fill the GPU.
+        split_per_program = (n_splits > 1 and partial_bytes <= _MAX_PARTIALS_BYTES
+                             and (max_q_len <= block_q or n_tiles * h_kv < 2 * sms))
     grid_splits = n_splits if split_per_program else 1
     if split_per_program:
         part_o = torch.empty(T, H, n_splits, BLOCK_D, dtype=torch.float32, device=q.device)
@@ -302,7 +324,7 @@ def paged_attention_triton(
     _attention_kernel[(n_tiles, h_kv, grid_splits)](
         q, k_cache, v_cache, o, part_o, part_ml,
         block_tables, cu_seqlens_q, kv_lens, cu_tiles,
-        S, _n_iter(S), scale * math.log2(math.e), kv_split, int(split_per_program),
+        S, _n_iter(S), scale * math.log2(math.e), kv_split, int(split_per_program), int(decode_only),
         q.stride(0), q.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         o.stride(0), o.stride(1),
@@ -316,6 +338,6 @@ def paged_attention_triton(
             o, part_o, part_ml, cu_seqlens_q, kv_lens,
             S, _n_iter(S), kv_split, T * H,
             o.stride(0), o.stride(1), *part_o.stride()[:3],
-            H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=_FOLD_ROWS,
+            H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=_FOLD_ROWS, UNROLL=_FOLD_UNROLL,
         )
     return o

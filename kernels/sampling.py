@@ -2,10 +2,10 @@
 
 Every entry point takes logits [B, V] and treats rows independently. Dispatch
 follows kernels.mode: `invariant` runs the Triton kernels in kernels/sampling_triton.py
-(one program per row, a fixed-size chunked loop over V, so a row's bits never
-depend on B or on its position); `standard` runs stock torch ops (the baseline
-whose cost invariance is measured against); anything else (invariant mode on a CPU
-tensor without the interpreter) runs the plain-torch references below.
+(fixed-size splits of V merged in a fixed order, so a row's bits never depend on B
+or on its position); `standard` runs stock torch ops (the baseline whose cost
+invariance is measured against); anything else (invariant mode on a CPU tensor
+without the interpreter) runs the plain-torch references below.
 
 Sampling semantics (all modes that filter agree on them):
   * temperature <= 0: exact greedy, argmax of the raw logits, ties to the lowest id.
@@ -33,6 +33,7 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     """[B, V] any float dtype -> fp32 [B, V]."""
     _check_logits(logits)
     if use_triton(logits):
+        # Imported on use: sampling_triton itself imports reciprocal_temperature from here.
         from kernels import sampling_triton
         return sampling_triton.log_softmax(logits)
     return torch.log_softmax(logits.float(), dim=-1)

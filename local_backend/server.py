@@ -112,7 +112,7 @@ async def events(engine: Engine, prompt: list[int], params: SamplingParams):
 
 
 class Generation:
-    """What one request produced so far: text pieces, tokens, logprobs, finish reason."""
+    """One request's progress: its text stream, how many tokens it consumed, why it ended."""
 
     def __init__(self, engine: Engine, prompt: list[int], stops: list[str]):
         tok = engine.tokenizer

@@ -14,9 +14,15 @@ import random
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from fakes.faults import Faults
+
+FAULT = web.RequestKey("fault", str)  # the fault faults.Faults chose for this call
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
          "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
@@ -41,6 +47,15 @@ class Behaviour:
     delay_s: float = 0.0  # before answering
     chunk_delay_s: float = 0.0  # between stream chunks
     break_stream_after: int | None = None  # close a stream after this many chunks, without [DONE]
+    stall_stream_after: int | None = None  # go silent after this many chunks (for `stall_s`), then drop
+    stall_s: float = 30.0
+    retry_after: str | None = "0"  # the Retry-After header of a 429
+    error_echoes_key: bool = False  # put the caller's Authorization in error messages, as some providers do
+    # The model build answering: steady like a real provider's, until a test swaps it (drift).
+    fingerprint: str = "fp_fake_0001"
+    # Answer every call with this text, as a real model does a simple prompt at temperature 0
+    # (ids, timestamps and stream chunking still vary); None: random words.
+    answer: str | None = None
 
 
 @dataclass
@@ -49,6 +64,7 @@ class FakeUpstream:
     behaviour: Behaviour = field(default_factory=Behaviour)
     calls: list[tuple[str, dict]] = field(default_factory=list)  # (path, body)
     started: int = 0  # calls that began, including ones still running
+    faults: Faults | None = None  # fakes/faults.py: a fault per call (500, 429, resets, stalls, ...)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.noise.seed)
@@ -77,19 +93,34 @@ class FakeUpstream:
         if b.fail_status is not None and (b.fail_times is None or b.fail_times > 0):
             if b.fail_times is not None:
                 b.fail_times -= 1
-            error = {"error": {"message": f"fake failure {secrets.token_hex(4)}", "type": "server_error",
+            echoed = f" (key: {request.headers.get('Authorization')})" if b.error_echoes_key else ""
+            error = {"error": {"message": f"fake failure {secrets.token_hex(4)}{echoed}", "type": "server_error",
                                "param": None, "code": "fake"}}
             return body, web.Response(status=b.fail_status, body=orjson.dumps(error), content_type="application/json",
-                                      headers={"retry-after": "0"} if b.fail_status == 429 else None)
+                                      headers={"retry-after": b.retry_after} if b.fail_status == 429 and b.retry_after else None)
+        if self.faults is not None:
+            request[FAULT] = fault = self.faults.next()
+            early = await self.faults.early(request, fault)
+            if early is not None:
+                return body, early
         return body, None
 
+    async def _whole(self, request: web.Request, payload: dict) -> web.StreamResponse:
+        """A non-stream answer, unless a fault hangs it or cuts it short."""
+        fault = request.get(FAULT)
+        if fault in ("stall", "broken"):
+            return await self.faults.whole(request, orjson.dumps(payload), fault)
+        return web.json_response(payload, dumps=_dumps)
+
     def _text(self) -> str:
+        if self.behaviour.answer is not None:
+            return self.behaviour.answer
         return " ".join(self.rng.choice(WORDS) for _ in range(self.rng.randint(*self.noise.words)))
 
     def _head(self, prefix: str, obj: str, model: str) -> dict:
         return {"id": f"{prefix}-{secrets.token_hex(12)}", "object": obj,
                 "created": int(time.time()) + self.rng.randint(0, 10**6), "model": f"{model}-fake-0001",
-                "system_fingerprint": f"fp_{secrets.token_hex(5)}"}
+                "system_fingerprint": self.behaviour.fingerprint}
 
     def _usage(self, text: str) -> dict:
         completion = len(text.split())
@@ -114,7 +145,7 @@ class FakeUpstream:
             choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None,
                         "finish_reason": "stop"} for i, t in enumerate(texts)]
             usage = self._usage(" ".join(texts))
-            return web.json_response({**head, "choices": choices, "usage": usage}, dumps=_dumps)
+            return await self._whole(request, {**head, "choices": choices, "usage": usage})
         head["object"] = "chat.completion.chunk"
         chunks = []
         for i, text in enumerate(texts):
@@ -135,7 +166,7 @@ class FakeUpstream:
         head = self._head("cmpl", "text_completion", body["model"])
         if not body.get("stream"):
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
-            return web.json_response({**head, "choices": [choice], "usage": self._usage(text)}, dumps=_dumps)
+            return await self._whole(request, {**head, "choices": [choice], "usage": self._usage(text)})
         chunks = [{**head, "choices": [{"index": 0, "text": p, "logprobs": None, "finish_reason": None}]}
                   for p in self._pieces(text)]
         chunks.append({**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]})
@@ -147,6 +178,13 @@ class FakeUpstream:
         # Write several events per TCP write, split at random, like a real provider under load.
         wire = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
         breaking = self.behaviour.break_stream_after
+        stall_s = None
+        if self.behaviour.stall_stream_after is not None:
+            breaking, stall_s = self.behaviour.stall_stream_after, self.behaviour.stall_s
+        fault = request.get(FAULT)
+        if fault in ("stall", "broken"):
+            breaking = self.faults.cut(len(chunks))
+            stall_s = self.faults.plan.stall_s if fault == "stall" else None
         if breaking is not None:
             wire = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks[:breaking])
         else:
@@ -159,6 +197,8 @@ class FakeUpstream:
             if self.behaviour.chunk_delay_s:
                 await asyncio.sleep(self.behaviour.chunk_delay_s)
         if breaking is not None:
+            if stall_s is not None:
+                await asyncio.sleep(stall_s)
             request.transport.close()  # a dropped connection, not a clean end
             return response
         await response.write_eof()
@@ -171,8 +211,8 @@ class FakeUpstream:
         inputs = body["input"] if isinstance(body["input"], list) and body["input"] and not isinstance(body["input"][0], int) else [body["input"]]
         data = [{"object": "embedding", "index": i, "embedding": [self.rng.uniform(-1, 1) for _ in range(8)]}
                 for i in range(len(inputs))]
-        return web.json_response({"object": "list", "data": data, "model": f"{body['model']}-fake-0001",
-                                  "usage": {"prompt_tokens": 3, "total_tokens": 3}}, dumps=_dumps)
+        return await self._whole(request, {"object": "list", "data": data, "model": f"{body['model']}-fake-0001",
+                                           "usage": {"prompt_tokens": 3, "total_tokens": 3}})
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0,

@@ -4,7 +4,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from fault_upstream import FaultPlan, FaultUpstream
+from fakes.fault_upstream import FaultUpstream
+from fakes.faults import FaultPlan
 from gateway.breaker import Breaker, BreakerConfig, Breakers, CircuitOpen, State
 from gateway.concurrency import UpstreamSlots
 from gateway.deadline import Deadline

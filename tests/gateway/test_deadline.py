@@ -6,7 +6,8 @@ import aiohttp
 import pytest
 
 from gateway.deadline import Deadline, client_timeout
-from fault_upstream import FaultPlan, FaultUpstream
+from fakes.fault_upstream import FaultUpstream
+from fakes.faults import FaultPlan
 
 
 def test_remaining_never_goes_negative():

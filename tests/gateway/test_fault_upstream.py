@@ -1,4 +1,4 @@
-"""The fault-injecting upstream used by the load + fault run: each fault really happens."""
+"""The fake provider with faults, as the load + fault run uses it: each fault really happens."""
 import asyncio
 import collections
 import re
@@ -11,7 +11,8 @@ import aiohttp
 import orjson
 import pytest
 
-from fault_upstream import FaultPlan, FaultUpstream
+from fakes.fault_upstream import FaultUpstream
+from fakes.faults import FaultPlan
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -110,7 +111,7 @@ async def test_a_429_carries_retry_after_and_an_openai_shaped_error():
 
 
 def test_runs_as_its_own_process_for_load_runs():
-    script = Path(__file__).resolve().parents[1] / "fault_upstream.py"
+    script = Path(__file__).resolve().parents[1] / "fakes" / "fault_upstream.py"
     proc = subprocess.Popen([sys.executable, str(script), "--seed", "1",
                              "--weights", "ok=1,500=1"], stdout=subprocess.PIPE, text=True)
     try:

@@ -80,7 +80,7 @@ def test_upstream_errors_pass_through_and_are_not_cached(upstream, gateway, stat
     fake, _ = upstream
     fake.behaviour.fail_status = status
     fake.behaviour.fail_times = 1
-    gw = gateway()
+    gw = gateway(upstream_max_attempts=1)  # one attempt: retries have their own tests
     failed = post(gw.url, "/v1/chat/completions", CHAT)
     assert failed.status == status
     assert failed.json()["error"]["code"] == "fake"  # the upstream's own body
@@ -95,7 +95,7 @@ def test_upstream_error_on_a_stream_request_keeps_its_status(upstream, gateway):
     fake, _ = upstream
     fake.behaviour.fail_status = 500
     fake.behaviour.fail_times = 1
-    gw = gateway()
+    gw = gateway(upstream_max_attempts=1)  # one attempt: retries have their own tests
     failed = post(gw.url, "/v1/chat/completions", {**CHAT, "stream": True})
     assert failed.status == 500 and failed.json()["error"]["code"] == "fake"
     assert post(gw.url, "/v1/chat/completions", {**CHAT, "stream": True}).cache == "miss"

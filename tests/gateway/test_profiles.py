@@ -181,7 +181,7 @@ def test_enforce_is_idempotent_and_pure(params, profile):
 
 def test_user_defined_profile_from_config():
     p = profile_from_dict({"name": "local-vllm", "base": "whitebox", "seed": 42})
-    assert p == Profile("local-vllm", default_temperature=None, fix_sampling=False, seed=42)
+    assert p == Profile("local-vllm", default_temperature=None, fix_sampling=False, seed=42, votes=False)
     assert profile_from_dict({"name": "x"}) == Profile("x")
 
 

@@ -10,7 +10,8 @@ import pytest
 from gateway.deadline import Deadline
 from gateway.retry import (REASONS, GaveUp, RetryPolicy, backoff, call_with_retries, parse_retry_after,
                            requested_wait, retry_reason)
-from fault_upstream import FaultPlan, FaultUpstream
+from fakes.fault_upstream import FaultUpstream
+from fakes.faults import FaultPlan
 
 
 class HTTPError(Exception):

@@ -1,0 +1,130 @@
+"""The one-shot commands beside `serve`: `detgate probe` and `detgate cache export|import`.
+
+They read the same settings as `serve` (--config file, DETGATE_* environment, flags), so
+a deployment's config file is all they need. Heavy imports wait until a command runs, so
+that `detgate --help` stays quick.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+NO_STORE = ("needs --redis-url (or redis_url in --config): without one the cache lives inside a `detgate serve` "
+            "process and goes with it, so there is nothing to {what}")
+
+
+def _shared(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE.toml", help="the settings file `detgate serve` uses")
+    parser.add_argument("--redis-url", help="the gateway's Redis")
+    parser.add_argument("--secret", help="the gateway's signing secret (or DETGATE_SECRET)")
+    parser.add_argument("--log-level", help="default WARNING")
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    probe = commands.add_parser("probe", help="run the configured canaries once and print a table",
+                                description="Send every canary from the settings once, compare each answer with "
+                                            "its reference digest, print a table. Exit status 1 when any canary "
+                                            "mismatched or failed.")
+    _shared(probe)
+    probe.add_argument("--upstream", dest="upstreams", action="append", metavar="[NAME=]URL",
+                       help="an upstream, as for `detgate serve`")
+
+    cache = commands.add_parser("cache", help="export or import cache entries as JSONL")
+    actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
+    export = actions.add_parser("export", help="write every entry to FILE, sorted by key")
+    export.add_argument("file", metavar="FILE")
+    _shared(export)
+    load = actions.add_parser("import", help="store every entry of FILE, replacing what is there")
+    load.add_argument("file", metavar="FILE")
+    _shared(load)
+    load.add_argument("--reseal", action="store_true",
+                      help="seal entries anew with this secret instead of checking their MACs (for a golden file "
+                           "edited on purpose)")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from gateway import config, logs
+
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "action", "config", "file", "reseal")}
+    flags["log_level"] = flags.get("log_level") or "WARNING"
+    try:
+        settings = config.load(args.config, os.environ, flags)
+    except (ValidationError, ValueError, OSError) as exc:
+        return _refuse(f"invalid settings: {exc}")
+    logs.setup(settings.log_level)
+    if args.command == "probe":
+        return asyncio.run(_probe(settings))
+    if not settings.redis_url:
+        return _refuse(f"cache {args.action} " + NO_STORE.format(what=args.action))
+    if settings.secret is None:
+        return _refuse(f"cache {args.action} needs --secret (or DETGATE_SECRET): the one the gateway signs keys with")
+    return asyncio.run(_cache(args.action, args.file, settings, args.action == "import" and args.reseal))
+
+
+async def _probe(settings) -> int:
+    from aiohttp import web
+
+    from gateway.app import ConfigError, create_app
+    from gateway.canary import table
+    from gateway.watch import CANARIES
+
+    if not settings.canaries:
+        return _refuse("no canaries configured: add [[canaries]] tables (name, model, body) to the --config file")
+    # The app's own resources, started without a listener and without the schedule: the
+    # probe's canaries are built exactly as the serving gateway's are.
+    try:
+        runner = web.AppRunner(create_app(settings.model_copy(update={"canary_interval_s": 0.0})))
+        await runner.setup()
+    except ConfigError as exc:
+        return _refuse(str(exc))
+    try:
+        probes = await runner.app[CANARIES].run_all()
+    finally:
+        await runner.cleanup()
+    print(table(probes))
+    if not settings.redis_url and not all(c.expect for c in settings.canaries):
+        print("note: without --redis-url a first answer's digest is not kept between runs; pin it as `expect` "
+              "in the canary's config to compare against it")
+    return 1 if any(p.failed for p in probes) else 0
+
+
+async def _cache(action: str, path: str, settings, reseal: bool) -> int:
+    from gateway.cache_io import export_entries, import_entries
+    from gateway.redis_store import RedisStore
+    from gateway.store import StoreError
+
+    store = RedisStore(settings.redis_url, settings.store_timeout_s)
+    secret = settings.secret.get_secret_value().encode()
+    try:
+        if action == "export":
+            partial = path + ".partial"
+            try:
+                with open(partial, "wb") as out:  # renamed when complete: a failed export leaves no half file
+                    counts = await export_entries(store, out, secret)
+                os.replace(partial, path)
+            finally:
+                if os.path.exists(partial):
+                    os.unlink(partial)
+            print(f"exported {counts.written} entries to {path}"
+                  + (f"; skipped {counts.skipped} (gone, or failing their MAC check)" if counts.skipped else ""))
+            return 0
+        with open(path, "rb") as source:
+            counts = await import_entries(store, source, secret, reseal=reseal)
+        print(f"imported {counts.written} entries from {path}"
+              + (f"; rejected {counts.rejected}:\n  " + "\n  ".join(counts.problems) if counts.rejected else ""))
+        return 1 if counts.rejected else 0
+    except StoreError as exc:
+        return _refuse(f"the store failed: {exc}")
+    except OSError as exc:
+        return _refuse(str(exc))
+    finally:
+        await store.close()
+
+
+def _refuse(message: str) -> int:
+    print(f"detgate: {message}", file=sys.stderr)
+    return 2

@@ -1,0 +1,112 @@
+"""The determinism rules from config, compiled once at startup: provider profiles, model
+aliases, per-model strategies (vote, extractor, schema, attempts) and named schemas.
+
+Compiling checks everything a request would otherwise trip over later (an unknown
+profile, a regex that does not compile, a schema that is not a schema), so bad config
+stops `detgate serve` instead of failing requests one by one.
+
+In TOML:
+
+    aliases = { "gpt-4o" = "gpt-4o-2024-11-20", "gpt-4" = false }   # false un-pins
+    schema_attempts = 3
+    schema_feedback = true
+    [[profiles]]
+    name = "groq"
+    zero_temperature = 1e-8
+    [strategies."gpt-4o*"]
+    vote = 3
+    extractor = { regex = "Answer: (.*)" }
+    [schemas.invoice]
+    type = "object"
+    required = ["total"]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any, Iterable, Mapping
+
+import xxhash
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.canonical import canonical_json
+from gateway.profiles import PROFILES, Profile, alias_table, profile_from_dict
+from gateway.schema_check import schema_problem
+from gateway.vote import Extractor, extractor_from_dict
+
+# A vote of k makes up to k upstream calls per miss, each retried up to the attempts:
+# bounded so that one request header cannot order hundreds of paid calls.
+MAX_VOTE = 9
+MAX_ATTEMPTS = 10
+
+
+class ModelStrategy(BaseModel):
+    """How misses for the models matching one glob are answered."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    vote: int = Field(1, ge=1, le=MAX_VOTE)
+    extractor: dict[str, str] | None = None
+    schema_name: str | None = Field(None, alias="schema")  # a named schema every answer must match
+    attempts: int | None = Field(None, ge=1, le=MAX_ATTEMPTS)  # default: Settings.schema_attempts
+
+
+@dataclass(frozen=True)
+class ModelRule:
+    glob: str
+    strategy: ModelStrategy
+    extractor: Extractor | None
+    extractor_digest: str  # what the key says about the extractor: it decides which answer wins
+
+
+@dataclass(frozen=True)
+class Rules:
+    profiles: Mapping[str, Profile]
+    aliases: Mapping[str, str]
+    models: tuple[ModelRule, ...]
+    schemas: Mapping[str, dict]
+    schema_digests: Mapping[str, str]  # named schema -> digest, for the key: config may change a schema
+    attempts: int
+    feedback: bool
+
+    def model_rule(self, *names: str) -> ModelRule | None:
+        """The first configured rule whose glob matches any of `names` (the name the client
+        sent and the pinned version)."""
+        for rule in self.models:
+            if any(fnmatchcase(name, rule.glob) for name in names):
+                return rule
+        return None
+
+
+def digest(value: Any) -> str:
+    return xxhash.xxh3_64_hexdigest(canonical_json(value))
+
+
+def compile_rules(*, profiles: Iterable[Mapping[str, Any]], aliases: Mapping[str, str | bool | None],
+                  strategies: Mapping[str, ModelStrategy], schemas: Mapping[str, dict], attempts: int,
+                  feedback: bool, upstream_profiles: Iterable[tuple[str, str]]) -> Rules:
+    """Raises ValueError naming what is wrong."""
+    known = dict(PROFILES)
+    for spec in profiles:
+        profile = profile_from_dict(spec, known)
+        if profile.name in PROFILES:
+            raise ValueError(f"profile {profile.name!r} is built in; give yours another name")
+        known[profile.name] = profile
+    for upstream, name in upstream_profiles:
+        if name not in known:
+            raise ValueError(f"upstream {upstream!r}: unknown profile {name!r}; known: {sorted(known)}")
+    for name, schema in schemas.items():
+        problem = schema_problem(schema)
+        if problem is not None:
+            raise ValueError(f"schemas.{name} is not a valid JSON schema: {problem}")
+    models = []
+    for glob, strategy in strategies.items():
+        if strategy.schema_name is not None and strategy.schema_name not in schemas:
+            raise ValueError(f"strategies.{glob!r}: no schema named {strategy.schema_name!r}; known: {sorted(schemas)}")
+        extractor = extractor_from_dict(strategy.extractor) if strategy.extractor is not None else None
+        models.append(ModelRule(glob, strategy, extractor,
+                                digest(strategy.extractor) if strategy.extractor is not None else ""))
+    # TOML has no null: `false` un-pins an alias as None does.
+    table = alias_table({name: (pinned or None) for name, pinned in aliases.items()})
+    return Rules(known, table, tuple(models), dict(schemas), {n: digest(s) for n, s in schemas.items()},
+                 attempts, feedback)

@@ -1,0 +1,52 @@
+"""The app's watch over its upstreams: the drift monitor and the canary schedule.
+
+A cleanup context, started after the core resources (canaries need the upstream client),
+so that `detgate serve` and `detgate probe` build it the same way.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import AsyncIterator
+
+from aiohttp import web
+
+from gateway.canary import Canaries
+from gateway.drift import DriftMonitor
+from gateway.ledger import Ledger, open_ledger
+from gateway.state import GATEWAY, METRICS, SECRET, SETTINGS
+from gateway.store import StoreError
+
+log = logging.getLogger("detgate.drift")
+
+DRIFT = web.AppKey("drift", DriftMonitor)
+CANARIES = web.AppKey("canaries", Canaries)
+LEDGER = web.AppKey("ledger", Ledger)
+
+
+async def watch(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    ledger = open_ledger(settings.redis_url, settings.store_timeout_s)
+    monitor = DriftMonitor(ledger, settings.drift_policy, app[SECRET], app[METRICS])
+    try:
+        await monitor.sync()
+    except StoreError as exc:  # started without its Redis: the follower below catches up later
+        log.warning("cannot read namespace epochs at start: %s", exc)
+    app[LEDGER] = ledger
+    app[DRIFT] = monitor
+    app[CANARIES] = canaries = Canaries(settings, app[SECRET], app[GATEWAY].client, monitor, app[METRICS])
+    tasks = []
+    if settings.redis_url:  # an in-process ledger is only ever changed by this process
+        tasks.append(asyncio.create_task(monitor.follow(settings.drift_sync_s)))
+    if settings.canaries and settings.canary_interval_s > 0:
+        tasks.append(asyncio.create_task(canaries.every(settings.canary_interval_s)))
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await ledger.close()

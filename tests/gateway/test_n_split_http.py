@@ -1,0 +1,67 @@
+"""n > 1 split into n one-answer requests, each cached on its own key, merged in order."""
+from __future__ import annotations
+
+import openai
+import orjson
+
+from gw_http import CHAT, post, sse_payloads
+
+
+def api(gw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_n_is_answered_by_n_seeded_requests_merged_in_order_and_replayed_byte_for_byte(upstream, gateway):
+    fake, _ = upstream
+    gw = gateway()
+    first = api(gw).chat.completions.with_raw_response.create(model="fake/m1", messages=CHAT["messages"], n=3, seed=5)
+    assert sorted(body["seed"] for _, body in fake.calls) == [5, 6, 7]
+    assert not any("n" in body for _, body in fake.calls)
+    completion = first.parse()
+    assert [c.index for c in completion.choices] == [0, 1, 2]
+    assert completion.usage.completion_tokens == sum(len(c.message.content.split()) for c in completion.choices)
+    assert len(first.headers["x-detgate-key"].split(",")) == 3 and first.headers["x-detgate-cache"] == "miss"
+    assert "n=3 answered as 3 requests with seeds 5..7" in first.headers["x-detgate-warnings"]
+    again = api(gw).chat.completions.with_raw_response.create(model="fake/m1", messages=CHAT["messages"], n=3, seed=5)
+    assert again.headers["x-detgate-cache"] == "hit" and again.http_response.content == first.http_response.content
+    # Choice 1 is the answer for seed 6: a plain request with that seed is a hit on its part.
+    one = api(gw).chat.completions.with_raw_response.create(model="fake/m1", messages=CHAT["messages"], seed=6)
+    assert one.headers["x-detgate-cache"] == "hit"
+    assert one.parse().choices[0].message.content == completion.choices[1].message.content
+    assert len(fake.calls) == 3
+
+
+def test_a_streaming_n_request_gets_the_merged_answer_as_a_stream(upstream, gateway):
+    fake, _ = upstream
+    gw = gateway()
+    reply = post(gw.url, "/v1/chat/completions", {**CHAT, "n": 2, "stream": True})
+    chunks = [orjson.loads(p) for p in sse_payloads(reply.body) if p != b"[DONE]"]
+    assert reply.status == 200 and {c["choices"][0]["index"] for c in chunks} == {0, 1}
+    assert not any(body.get("stream") for _, body in fake.calls)
+
+
+def test_a_profile_that_refuses_n_says_so(upstream, gateway):
+    fake, url = upstream
+    gw = gateway(profiles=[{"name": "single-answer", "n_policy": "reject"}],
+                 upstreams=[{"name": "fake", "url": url, "profile": "single-answer"}])
+    reply = post(gw.url, "/v1/chat/completions", {**CHAT, "n": 2})
+    assert reply.status == 400 and reply.json()["error"]["param"] == "n"
+    assert reply.json()["error"]["code"] == "nondeterministic_parameter" and fake.calls == []
+
+
+def test_a_failing_part_fails_the_request_and_nothing_failed_is_cached(upstream, gateway):
+    fake, _ = upstream
+    fake.behaviour.fail_status = 400  # not retried by the gateway
+    gw = gateway()
+    failed = post(gw.url, "/v1/chat/completions", {**CHAT, "n": 2})
+    assert failed.status == 400 and failed.json()["error"]["code"] == "fake"
+    fake.behaviour.fail_status = None
+    assert post(gw.url, "/v1/chat/completions", {**CHAT, "n": 2}).cache == "miss"
+
+
+def test_off_mode_leaves_n_to_the_upstream(upstream, gateway):
+    fake, _ = upstream
+    gw = gateway()
+    reply = post(gw.url, "/v1/chat/completions", {**CHAT, "n": 2}, {"x-detgate-mode": "off"})
+    assert reply.status == 200 and len(reply.json()["choices"]) == 2
+    assert len(fake.calls) == 1 and fake.calls[0][1]["n"] == 2

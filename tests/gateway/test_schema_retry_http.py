@@ -1,0 +1,109 @@
+"""Schema-validated retries through the gateway, with the official openai client over loopback HTTP."""
+from __future__ import annotations
+
+import openai
+import orjson
+import pytest
+
+from fakes.noisy_upstream import INVALID, NoisyUpstream
+from gw_http import post
+from noisy_gw import ANSWER, ANSWER_SCHEMA, QUESTION, client, metric, noisy_gateway
+
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}}
+WEATHER = [{"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+RELIABLE = {"upstream_max_attempts": 1, "breaker_failures": 0}  # the gateway's own upstream retries are not under test
+
+
+def ask(gw, headers=None, **kwargs):
+    kwargs.setdefault("response_format", SCHEMA_FORMAT)
+    return client(gw).chat.completions.with_raw_response.create(model="m1", messages=QUESTION,
+                                                                extra_headers=headers or {}, **kwargs)
+
+
+def test_an_invalid_answer_is_retried_with_the_next_seed_and_only_the_valid_one_is_cached():
+    fake = NoisyUpstream(by_seed={0: INVALID, 1: "yes"})
+    with noisy_gateway(fake) as gw:
+        first, second = ask(gw), ask(gw)
+        assert [c["seed"] for c in fake.calls] == [0, 1]
+        assert (first.headers["x-detgate-cache"], second.headers["x-detgate-cache"]) == ("miss", "hit")
+        assert first.headers["x-detgate-attempts"] == second.headers["x-detgate-attempts"] == "2"
+        assert first.http_response.content == second.http_response.content
+        assert orjson.loads(first.parse().choices[0].message.content)["answer"] == "yes"
+        assert metric(gw, 'detgate_schema_attempts_total{model="m1",result="invalid"}') == 1
+        assert metric(gw, 'detgate_schema_attempts_total{model="m1",result="valid"}') == 1
+
+
+def test_when_every_attempt_fails_the_error_names_the_schema_path_and_nothing_is_cached():
+    fake = NoisyUpstream(by_seed={0: INVALID, 1: INVALID})
+    with noisy_gateway(fake, schema_attempts=2, **RELIABLE) as gw:
+        with pytest.raises(openai.APIStatusError) as failed:
+            ask(gw)
+        error = failed.value
+        assert error.status_code == 502 and error.body["code"] == "schema_validation_failed"
+        assert error.response.headers["x-detgate-attempts"] == "2"
+        assert "$" in error.body["message"] and ("not valid JSON" in error.body["message"] or
+                                                 "is not of type 'string'" in error.body["message"])
+        assert metric(gw, 'detgate_schema_attempts_total{model="m1",result="exhausted"}') == 1
+        fake.by_seed = {0: "yes"}
+        again = ask(gw)
+        assert again.headers["x-detgate-cache"] == "miss" and len(fake.calls) == 3
+
+
+def test_feedback_shows_the_model_its_failed_answer_and_the_errors():
+    fake = NoisyUpstream(by_seed={0: INVALID, 1: "yes"})
+    with noisy_gateway(fake, schema_feedback=True) as gw:
+        ask(gw)
+        retry = fake.calls[1]["messages"]
+        assert retry[:1] == QUESTION and [m["role"] for m in retry[1:]] == ["assistant", "user"]
+        assert retry[1]["content"] == fake.sent[0]["content"] and "JSON schema" in retry[2]["content"]
+
+
+def test_an_invalid_schema_in_the_request_is_400_before_any_upstream_call():
+    fake = NoisyUpstream()
+    with noisy_gateway(fake) as gw:
+        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}
+        reply = post(gw.url, "/v1/chat/completions", {"model": "m1", "messages": QUESTION, "response_format": bad})
+        assert reply.status == 400 and reply.json()["error"]["param"] == "response_format.json_schema.schema"
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"required": "city"}}}]
+        reply = post(gw.url, "/v1/chat/completions", {"model": "m1", "messages": QUESTION, "tools": tools})
+        assert reply.status == 400 and reply.json()["error"]["param"] == "tools[0].function.parameters"
+        assert fake.calls == []
+
+
+def test_a_named_schema_from_config_is_checked_when_the_header_names_it():
+    fake = NoisyUpstream(by_seed={0: INVALID, 1: "no"})
+    with noisy_gateway(fake, schemas={"answer": ANSWER_SCHEMA}) as gw:
+        raw = ask(gw, {"x-detgate-schema": "answer"}, response_format=openai.NOT_GIVEN)
+        assert raw.headers["x-detgate-attempts"] == "2"
+        reply = post(gw.url, "/v1/chat/completions", {"model": "m1", "messages": QUESTION}, {"x-detgate-schema": "nope"})
+        assert reply.status == 400 and reply.json()["error"]["code"] == "unknown_schema"
+        assert "'answer'" in reply.json()["error"]["message"]
+
+
+def test_tool_call_arguments_are_checked_against_the_tools_parameters():
+    fake = NoisyUpstream(tool="weather", by_seed={0: INVALID, 1: "yes"})
+    with noisy_gateway(fake) as gw:
+        raw = ask(gw, tools=WEATHER, response_format=openai.NOT_GIVEN)
+        call = raw.parse().choices[0].message.tool_calls[0]
+        assert raw.headers["x-detgate-attempts"] == "2" and orjson.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_a_vote_runs_among_valid_answers_only():
+    # Voter 0 (seeds 0, then 0+3) never validates; voters 1 and 2 agree.
+    fake = NoisyUpstream(by_seed={0: INVALID, 3: INVALID, 1: "yes", 2: "yes"})
+    with noisy_gateway(fake, schema_attempts=2, strategies={"*": {"extractor": ANSWER}}) as gw:
+        raw = ask(gw, {"x-detgate-vote": "3"})
+        assert sorted(c["seed"] for c in fake.calls) == [0, 1, 2, 3]
+        assert raw.headers["x-detgate-votes"] == "2/3" and raw.headers["x-detgate-attempts"] == "4"
+        hit = ask(gw, {"x-detgate-vote": "3"})
+        assert hit.headers["x-detgate-cache"] == "hit" and hit.headers["x-detgate-attempts"] == "4"
+
+
+def test_a_streaming_request_gets_the_validated_answer_as_a_stream():
+    fake = NoisyUpstream(by_seed={0: INVALID, 1: "yes"})
+    with noisy_gateway(fake) as gw:
+        raw = ask(gw, stream=True)
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
+        assert orjson.loads(text)["answer"] == "yes" and raw.headers["x-detgate-attempts"] == "2"
+        assert not any(c.get("stream") for c in fake.calls)
