@@ -121,8 +121,8 @@ class Canaries:
             return await self._finish(Probe(canary.name, upstream, model, "error", None, None, None, time.time(),
                                             f"the canary's request is invalid: {exc.message}"))
         except UpstreamError as exc:
-            return await self._finish(Probe(canary.name, upstream, model, "error", None, None, None, time.time(),
-                                            f"upstream answered {exc.status}: {exc.body[:300].decode(errors='replace')}"))
+            why = f"upstream answered {exc.status}: {exc.body[:300].decode(errors='replace')}"
+            return await self._finish(Probe(canary.name, upstream, model, "error", None, None, None, time.time(), why))
         fingerprint = fingerprint_of(entry.body)
         await self.monitor.observe(upstream, model, fingerprint)
         digest = answer_digest(canary.route, entry.body)

@@ -89,6 +89,7 @@ class DriftMonitor:
         # Fingerprints this replica has filed: the ledger is asked only about new ones, so a
         # miss pays for drift detection only when the fingerprint changes.
         self._filed: set[tuple[str, str]] = set()
+        self._latest: dict[str, str] = {}  # "upstream/model" -> the fingerprint this replica filed last
 
     def key(self, key: str, upstream: str, model: str) -> str:
         """The key a request signed as `key` is cached under now. On the hit path: without any
@@ -97,6 +98,16 @@ class DriftMonitor:
             return key
         epoch = self.epochs.get(pair(upstream, model))
         return namespaced(self.secret, key, epoch) if epoch else key
+
+    def peek(self, upstream: str, model: str, fingerprint: str | None) -> str | None:
+        """A warning when this replica knows another fingerprint for the pair and not this one,
+        decided without the ledger: for live streams, whose headers leave with the first
+        event, before observe() has asked the ledger (that happens as the stream completes)."""
+        name = pair(upstream, model)
+        known = self._latest.get(name)
+        if not fingerprint or not known or (name, fingerprint) in self._filed:
+            return None
+        return f"drift: {name} system_fingerprint changed from {known} to {fingerprint}"
 
     async def observe(self, upstream: str, model: str, fingerprint: str | None) -> DriftEvent | None:
         """Record an upstream answer's fingerprint; the drift event when it is a new one.
@@ -110,6 +121,7 @@ class DriftMonitor:
             first_seen = await self.ledger.claim(SEEN, f"{name} {fingerprint}", mark)
             previous = await self.ledger.swap(FINGERPRINTS, name, fingerprint)
             self._filed.add((name, fingerprint))
+            self._latest[name] = fingerprint
             if first_seen != mark or previous is None or previous == fingerprint:
                 return None
             event = DriftEvent("fingerprint", upstream, model, previous, fingerprint, now)
@@ -120,9 +132,10 @@ class DriftMonitor:
             return None
 
     async def record(self, event: DriftEvent) -> DriftEvent:
-        """Count, log and keep a drift event; under `rotate`, open the pair's next namespace."""
+        """Count, log and keep a drift event; under `rotate`, a new fingerprint opens the pair's
+        next namespace (a canary mismatch does not: it may be the provider's own noise)."""
         name = pair(event.upstream, event.model)
-        if self.policy == "rotate":
+        if self.policy == "rotate" and event.kind == "fingerprint":
             epoch = await self.ledger.incr(EPOCHS, name)
             self.epochs = {**self.epochs, name: epoch}
             event = DriftEvent(**{**asdict(event), "epoch": epoch})
@@ -132,10 +145,11 @@ class DriftMonitor:
         return event
 
     async def sync(self) -> None:
-        """Read the namespace epochs other replicas may have bumped."""
-        epochs = {name: int(value) for name, value in (await self.ledger.read(EPOCHS)).items()}
-        if epochs != self.epochs:
-            self.epochs = epochs
+        """Read the namespace epochs other replicas may have bumped. Epochs only grow, so the
+        larger one wins: a read that raced this replica's own bump cannot undo it."""
+        stored = {name: int(value) for name, value in (await self.ledger.read(EPOCHS)).items()}
+        mine = self.epochs
+        self.epochs = {name: max(stored.get(name, 0), mine.get(name, 0)) for name in stored.keys() | mine.keys()}
 
     async def follow(self, interval_s: float) -> None:
         """Keep `epochs` current, for as long as the app runs."""

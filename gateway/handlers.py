@@ -27,7 +27,7 @@ from gateway.store import StoreError
 from gateway.strategy import STRATEGIES, Call
 from gateway.strategy_spec import SINGLE
 from gateway.vote_strategy import choose, meta_headers
-from gateway.watch import DRIFT
+from gateway.watch import DRIFT, UPSTREAM
 
 CACHE_CONTROLS = ("no-store", "no-cache", "only-if-cached")
 
@@ -75,6 +75,7 @@ def cached_route(route: str):
         key, call, stream = prepared.key, prepared.call, prepared.call.stream
         drift = app[DRIFT]
         key = request[KEY] = drift.key(key, call.upstream.name, prepared.model)
+        request[UPSTREAM] = call.upstream.name
         headers = {"x-detgate-key": key}
         if prepared.warnings:
             headers["x-detgate-warnings"] = "; ".join(prepared.warnings)
@@ -122,7 +123,7 @@ def _producer(call: Call, client, drift: DriftMonitor, model: str, headers: dict
         # so (through `headers`, read once the flight lands; a stream's have left by then).
         event = await drift.observe(call.upstream.name, model, fingerprint_of(entry.body))
         if event is not None:
-            headers["x-detgate-warnings"] = "; ".join(filter(None, (headers.get("x-detgate-warnings"), event.warning())))
+            _warn(headers, event.warning())
         return entry
 
     return produce
@@ -271,10 +272,18 @@ async def _answer(request: web.Request, flight: Flight, stream: bool, cache: str
     return await _stream_live(request, flight, cache, headers)
 
 
+def _warn(headers: dict[str, str], warning: str) -> None:
+    headers["x-detgate-warnings"] = "; ".join(filter(None, (headers.get("x-detgate-warnings"), warning)))
+
+
 async def _stream_live(request: web.Request, flight: Flight, cache: str, headers: dict[str, str]) -> web.StreamResponse:
     feed = flight.feed
     first = orjson.loads(feed.events[0])
     model = first.get("model") if isinstance(first, dict) else None
+    drift = request.app[DRIFT].peek(request[UPSTREAM], request[MODEL],
+                                    first.get("system_fingerprint") if isinstance(first, dict) else None)
+    if drift is not None:
+        _warn(headers, drift)
     response = web.StreamResponse(headers={**headers, "x-detgate-cache": cache, "x-detgate-model-version": str(model or ""),
                                            "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     try:

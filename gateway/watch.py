@@ -23,6 +23,7 @@ log = logging.getLogger("detgate.drift")
 DRIFT = web.AppKey("drift", DriftMonitor)
 CANARIES = web.AppKey("canaries", Canaries)
 LEDGER = web.AppKey("ledger", Ledger)
+UPSTREAM = web.RequestKey("upstream", str)  # the upstream's name, for the drift check of a live stream
 
 
 async def watch(app: web.Application) -> AsyncIterator[None]:

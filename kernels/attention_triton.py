@@ -45,7 +45,10 @@ CONFIGS = ((1024, 64, 4), (1 << 62, 128, 8))
 # The partials buffer of the split path is T*H*splits*D fp32; past this size
 # the fold-in-program path runs instead (same bits, no buffer).
 _MAX_PARTIALS_BYTES = 1 << 30
-_FOLD_ROWS = 8    # (token, head) rows per program of the partials fold
+# (token, head) rows per program of the partials fold: its cost on a GPU is the serial
+# chain, so narrow programs; the CPU interpreter pays per program, so wide ones there.
+# The fold is elementwise per row, so the width never changes bits.
+_FOLD_ROWS = {"cuda": 8, "cpu": 64}
 _FOLD_UNROLL = 8  # splits whose partials are loaded together, so their loads overlap
 
 
@@ -334,10 +337,11 @@ def paged_attention_triton(
         num_warps=num_warps, num_stages=NUM_STAGES,
     )
     if split_per_program:
-        _fold_partials_kernel[(triton.cdiv(T * H, _FOLD_ROWS),)](
+        fold_rows = _FOLD_ROWS[q.device.type]
+        _fold_partials_kernel[(triton.cdiv(T * H, fold_rows),)](
             o, part_o, part_ml, cu_seqlens_q, kv_lens,
             S, _n_iter(S), kv_split, T * H,
             o.stride(0), o.stride(1), *part_o.stride()[:3],
-            H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=_FOLD_ROWS, UNROLL=_FOLD_UNROLL,
+            H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=fold_rows, UNROLL=_FOLD_UNROLL,
         )
     return o

@@ -199,7 +199,8 @@ class FakeUpstream:
         if breaking is not None:
             if stall_s is not None:
                 await asyncio.sleep(stall_s)
-            request.transport.close()  # a dropped connection, not a clean end
+            if request.transport is not None:  # None: the client hung up during the stall
+                request.transport.close()  # a dropped connection, not a clean end
             return response
         await response.write_eof()
         return response

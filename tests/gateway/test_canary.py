@@ -40,8 +40,9 @@ def test_the_digest_ignores_what_differs_on_every_call():
     one = {"id": "a", "created": 1, "system_fingerprint": "x", "usage": {"total_tokens": 3},
            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi", "tool_calls": [
                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}}]}
-    two = {**one, "id": "b", "created": 2, "choices": [{**one["choices"][0], "message": {
-        **one["choices"][0]["message"], "tool_calls": [{**one["choices"][0]["message"]["tool_calls"][0], "id": "call_2"}]}}]}
+    message = one["choices"][0]["message"]
+    renamed = {**message, "tool_calls": [{**message["tool_calls"][0], "id": "call_2"}]}
+    two = {**one, "id": "b", "created": 2, "choices": [{**one["choices"][0], "message": renamed}]}
     other = {**one, "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}}]}
     digest = answer_digest("chat.completions", orjson.dumps(one))
     assert digest == answer_digest("chat.completions", orjson.dumps(two))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.drift import DriftMonitor, namespaced
+from gateway.drift import DriftEvent, DriftMonitor, namespaced
 from gateway.ledger import MemoryLedger
 from gateway.metrics import Metrics
 from gateway.state import METRICS
@@ -61,6 +61,8 @@ async def test_rotate_moves_only_that_models_keys_to_a_new_namespace():
     assert rotated != key and rotated == namespaced(b"s", key, 1) and len(rotated) == len(key)
     assert monitor.key(key, "up", "other") == key
     assert namespaced(b"other secret", key, 1) != rotated and namespaced(b"s", key, 2) != rotated
+    canary = await monitor.record(DriftEvent("canary", "up", "other", "d1", "d2", 0.0, canary="c"))
+    assert canary.epoch is None and monitor.key(key, "up", "other") == key  # canaries never rotate
 
 
 def test_keep_serves_the_cache_and_warns_on_the_answer_that_revealed_the_change(upstream, gateway):
@@ -81,14 +83,19 @@ def test_keep_serves_the_cache_and_warns_on_the_answer_that_revealed_the_change(
     assert drift_events(gw) == 1 and len(fake.calls) == 3
 
 
-def test_a_streamed_answer_is_watched_too(upstream, gateway):
+def test_a_streamed_answer_is_watched_and_warned_about_too(upstream, gateway):
     fake, _ = upstream
     gw = gateway()
     post(gw.url, "/v1/chat/completions", CHAT)
     fake.behaviour.fingerprint = "fp_streamed"
     streamed = post(gw.url, "/v1/chat/completions", {**OTHER, "stream": True})
     assert streamed.status == 200 and sse_payloads(streamed.body)[-1] == b"[DONE]"
+    # Its headers left with the first event, before the ledger was asked: this replica's memory tells.
+    assert "system_fingerprint changed from fp_fake_0001 to fp_streamed" in warnings(streamed)
     assert drift_events(gw) == 1
+    later = post(gw.url, "/v1/chat/completions",
+                 {**CHAT, "stream": True, "messages": [{"role": "user", "content": "3"}]})
+    assert later.status == 200 and "drift" not in warnings(later)
 
 
 def test_rotate_answers_afresh_from_the_new_model(upstream, gateway):

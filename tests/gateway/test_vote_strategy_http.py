@@ -1,6 +1,8 @@
 """Majority vote through the gateway, with the official openai client over loopback HTTP."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import openai
 import orjson
 import pytest
@@ -127,3 +129,13 @@ def test_against_an_upstream_that_ignores_seeds_the_first_vote_is_every_later_an
         assert len({r.headers["x-detgate-votes"] for r in replies}) == 1
         assert [r.headers["x-detgate-cache"] for r in replies] == ["miss"] + ["hit"] * 5
         assert 3 <= len(fake.calls) <= 5
+
+
+def test_identical_requests_in_flight_together_share_one_vote():
+    fake = NoisyUpstream(by_seed={0: "yes", 1: "no", 2: "yes"}, delay_s=0.2)
+    with noisy_gateway(fake, strategies=ANSWER_RULE) as gw:
+        with ThreadPoolExecutor(6) as pool:
+            replies = list(pool.map(lambda _: ask(gw), range(6)))
+        assert len(fake.calls) == 3 and len({r.http_response.content for r in replies}) == 1
+        assert sorted(r.headers["x-detgate-cache"] for r in replies) == ["coalesced"] * 5 + ["miss"]
+        assert {r.headers["x-detgate-votes"] for r in replies} == {"2/3"}
