@@ -16,6 +16,7 @@ from gateway.config import Settings
 from gateway.entry import Sealer
 from gateway.logs import AccessLog
 from gateway.expect import expect_continue
+from gateway.header_safety import make_headers_safe
 from gateway.limits import TenantLimiter
 from gateway.memory_store import MemoryStore
 from gateway.metrics import Metrics
@@ -60,6 +61,7 @@ def create_app(settings: Settings) -> web.Application:
     app[PREPARED] = PreparedMemo()
     app[ACCESS_LOG] = AccessLog(sys.stderr.buffer if logging.getLogger("detgate.access").isEnabledFor(logging.INFO) else None)
     app.cleanup_ctx.append(_resources)
+    app.on_response_prepare.append(make_headers_safe)
     app.cleanup_ctx.append(watch)
     for route, path in (("chat.completions", "/v1/chat/completions"), ("completions", "/v1/completions"),
                         ("embeddings", "/v1/embeddings")):

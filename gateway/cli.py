@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--rate-limit", dest="rate_limits", action="append", metavar="TENANT=RATE/BURST",
                        help="requests per second and burst for a tenant ('*': every tenant without its own), "
                             "repeatable; shared by all replicas through --redis-url when there is one")
+    serve.add_argument("--shared-cache-tenant", dest="shared_cache_tenants", action="append", metavar="NAME",
+                       help="a tenant whose identical requests share cache entries with the other tenants so named, "
+                            "repeatable (default: every tenant's entries are its own)")
     serve.add_argument("--shutdown-timeout-s", type=float,
                        help="on SIGTERM, how long requests in flight may take to finish (default 30)")
     serve.add_argument("--log-level", help="default INFO")

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from gateway.policy_rules import MAX_ATTEMPTS, ModelStrategy, Rules, compile_rules
 
 OPENAI_URL = "https://api.openai.com/v1"
+SHARED_NAMESPACE = "shared"  # the tenant name entries of shared_cache_tenants are signed under
 
 
 class UpstreamConfig(BaseModel):
@@ -65,6 +66,9 @@ class Settings(BaseModel):
     passthrough_auth: bool = False
     # tenant name -> gateway API key; TOML-friendly direction, inverted at lookup.
     tenants: dict[str, SecretStr] = {}
+    # Tenants whose identical requests share cache entries (one namespace, "shared").
+    # Every other tenant is isolated: its entries are signed under its own name.
+    shared_cache_tenants: tuple[str, ...] = ()
     redis_url: str | None = None
     secret: SecretStr | None = None
     memory_store_bytes: int = Field(256 * 2**20, gt=0)
@@ -126,6 +130,15 @@ class Settings(BaseModel):
         return value
 
     @model_validator(mode="after")
+    def _sharing(self) -> Settings:
+        unknown = set(self.shared_cache_tenants) - set(self.tenants)
+        if unknown:
+            raise ValueError(f"shared_cache_tenants names tenants that are not configured: {sorted(unknown)}")
+        if SHARED_NAMESPACE in self.tenants and SHARED_NAMESPACE not in self.shared_cache_tenants:
+            raise ValueError(f"a tenant named {SHARED_NAMESPACE!r} would read the entries of shared_cache_tenants")
+        return self
+
+    @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if not self.upstreams:
             default = UpstreamConfig(name="openai", url=OPENAI_URL, api_key_env="OPENAI_API_KEY", profile="openai")
@@ -176,7 +189,7 @@ def parse_rate_limit(spec: str, tenant: str = "*") -> tuple[float, float]:
 
 
 # Fields whose env value is a list (comma separated) or a NAME=VALUE map.
-_LIST_FIELDS = {"upstreams"}
+_LIST_FIELDS = {"upstreams", "shared_cache_tenants"}
 _MAP_FIELDS = {"tenants", "rate_limits"}
 
 

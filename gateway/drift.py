@@ -152,11 +152,18 @@ class DriftMonitor:
         self.epochs = {name: max(stored.get(name, 0), mine.get(name, 0)) for name in stored.keys() | mine.keys()}
 
     async def follow(self, interval_s: float) -> None:
-        """Keep `epochs` current, for as long as the app runs."""
+        """Keep `epochs` current, for as long as the app runs. An outage is logged when it
+        starts and when it ends, not on every try."""
+        down = False
         while True:
             try:
                 await self.sync()
+                if down:
+                    log.warning("namespace epochs readable again")
+                down = False
             except StoreError as exc:
                 self.metrics.cache_errors.labels("ledger").inc()
-                log.warning("cannot read namespace epochs: %s", exc)
+                if not down:
+                    log.warning("cannot read namespace epochs (retrying every %ss): %s", interval_s, exc)
+                down = True
             await asyncio.sleep(interval_s)

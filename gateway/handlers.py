@@ -16,7 +16,7 @@ from gateway.errors import ApiError, UpstreamError, error_body
 from gateway.drift import DriftMonitor, fingerprint_of
 from gateway.feed import Feed
 from gateway.limits import TenantLimiter, rate_limited
-from gateway.modes import MODE_CONTROLS, replay_miss
+from gateway.modes import MODE_CONTROLS, replay_miss, replay_unavailable
 from gateway.fanout import merged
 from gateway.hidden_vars import scan, warning
 from gateway.policy import Hints
@@ -97,7 +97,7 @@ def cached_route(route: str):
             if entry is not None:
                 return _respond(request, entry, stream, "hit", headers)
             if mode == "replay":
-                raise replay_miss(key, call.body, headers)
+                raise replay_unavailable(headers) if store_down else replay_miss(key, call.body, headers)
             if control == "only-if-cached":
                 raise ApiError(404, f"No cached answer for key {key} (x-detgate-cache-control: only-if-cached).",
                                param="x-detgate-cache-control", code="cache_miss", headers=headers)

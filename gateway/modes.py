@@ -19,6 +19,13 @@ MODE_CONTROLS = {"record": "no-cache", "replay": "only-if-cached"}
 _TRANSPORT = ("stream", "stream_options")  # sent upstream, but not part of the key
 
 
+def replay_unavailable(headers: dict[str, str]) -> ApiError:
+    """The store is down: replay can answer nothing, and must not fall back to the upstream."""
+    return ApiError(503, "Replay mode: the cache store is unavailable, and replay never calls an upstream. "
+                         "Retry once the store is back.", type="server_error", code="cache_unavailable",
+                    headers={**headers, "Retry-After": "1"})
+
+
 def replay_miss(key: str, sent: dict, headers: dict[str, str]) -> ApiError:
     keyed = {k: v for k, v in sent.items() if k not in _TRANSPORT}
     text = orjson.dumps(keyed, option=orjson.OPT_SORT_KEYS).decode()

@@ -15,7 +15,7 @@ from gateway.canonical import CanonicalError, canonical_json, canonicalize
 from gateway.config import Settings
 from gateway.errors import ApiError
 from gateway.keys import KeyParts, sign
-from gateway.limits import check_message_count
+from gateway.limits import cache_namespace, check_message_count
 from gateway.policy import Hints, apply_policy
 from gateway.routing import route as pick_upstream
 from gateway.strategy import Call
@@ -58,7 +58,8 @@ def prepare(route: str, raw: bytes, authorization: str | None, hints: Hints, set
         except CanonicalError as exc:
             raise ApiError(400, f"The request has no canonical form: {exc}.", param=exc.param, code="invalid_value") from None
         rules = rules or canonical.rules
-        key = sign(secret, KeyParts(tenant, upstream.name, policy.model, route, policy.spec.name, signed))
+        key = sign(secret, KeyParts(cache_namespace(tenant, settings), upstream.name, policy.model, route,
+                                    policy.spec.name, signed))
         # The parts of a split are answered whole and merged, so each is fetched unstreamed.
         part_stream = stream and len(policy.bodies) == 1
         parts.append((key, Call(route, upstream, upstream_body(canonical.body, sent, part_stream), auth, part_stream,

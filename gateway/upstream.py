@@ -109,10 +109,10 @@ class UpstreamClient:
                            deadline: Deadline) -> AsyncIterator[bytes]:
         # The slot and the breaker permit are held until the stream ends, so a stream that
         # breaks mid-way counts against the upstream's health like any other failure.
-        started = time.perf_counter()
-        status = 502
-        try:
-            async with self.resilience.guard(upstream.name, deadline):
+        async with self.resilience.guard(upstream.name, deadline):
+            started = time.perf_counter()
+            status = 502
+            try:
                 async with self.session.post(upstream.url + PATHS[route], data=data, headers=_headers(authorization),
                                              timeout=self._timeout(deadline)) as resp:
                     status = resp.status
@@ -125,11 +125,11 @@ class UpstreamClient:
                         _check_chunk(upstream.name, payload)
                         yield payload
                     raise aiohttp.ClientPayloadError(f"upstream {upstream.name!r} closed its stream before [DONE]")
-        except asyncio.TimeoutError:
-            status = 504
-            raise
-        finally:
-            self._record(upstream.name, status, started)
+            except asyncio.TimeoutError:
+                status = 504
+                raise
+            finally:
+                self._record(upstream.name, status, started)
 
 
 def _headers(authorization: str | None) -> dict[str, str]:

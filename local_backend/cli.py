@@ -57,7 +57,10 @@ def main(argv: list[str]) -> None:
     name = args.served_model_name or Path(args.model).resolve().name
     logging.getLogger(__name__).info("serving %s (%s, %s mode, %d KV blocks, fingerprint %s)",
                                      name, device, args.mode, engine.num_blocks, engine.fingerprint)
-    web.run_app(make_app(engine, name), host=args.host, port=args.port, print=None, access_log=None)
+    # A client that hangs up cancels its handler, which aborts its sequence in the engine:
+    # an abandoned request stops taking a batch slot.
+    web.run_app(make_app(engine, name), host=args.host, port=args.port, print=None, access_log=None,
+                handler_cancellation=True)
 
 
 if __name__ == "__main__":

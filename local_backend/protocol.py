@@ -64,8 +64,8 @@ class _Common(BaseModel):
         if isinstance(data, dict):
             for name, off in UNSUPPORTED.items():
                 if name in data and data[name] not in off:
-                    raise APIError(400, f"'{name}' is not supported by this backend (only its default)",
-                                   param=name, code="unsupported_parameter")
+                    raise APIError(400, f"{name}={data[name]!r} is not supported: this backend only accepts "
+                                   f"{name}={off[1]!r}", param=name, code="unsupported_parameter")
         return data
 
     def stop_list(self) -> list[str]:

@@ -1,27 +1,24 @@
-"""The OpenAI-compatible HTTP face of the engine (aiohttp).
+"""The OpenAI-compatible HTTP face of the engine (aiohttp): routes, validation, errors.
 
-Handlers validate, tokenize, submit token ids to the engine thread and turn its
-per-token events into a response: one JSON body, or server-sent events whose chunking
-is a function of the tokens alone. Every response names the seed that produced it
-(the `seed` field and the x-detgate-seed header), so any answer can be replayed.
+Handlers validate, tokenize and fix the sampling parameters, then hand the request to
+responses.py, which submits it to the engine thread. A request without a seed is given
+one here; every response names it (the `seed` field and the x-detgate-seed header), so
+any answer can be replayed.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import secrets
-import time
 
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from local_backend.engine.llm_engine import Engine, Event
+from local_backend.engine.llm_engine import Engine
 from local_backend.protocol import APIError, ChatRequest, CompletionRequest, parse
+from local_backend.responses import ChatHandler, CompletionHandler, json_response, respond
 from local_backend.sampling_params import SamplingParams
-from local_backend.text_stream import TextStream
 from local_backend.tokenizer import TemplateError
 
 log = logging.getLogger(__name__)
@@ -29,15 +26,10 @@ log = logging.getLogger(__name__)
 ENGINE = web.AppKey("engine", Engine)
 MODEL_NAME = web.AppKey("model_name", str)
 MAX_BODY_BYTES = 16 << 20
-DETOKENIZE_CONTEXT = 6   # prompt tokens decoded ahead of the first generated one
 
 
 def new_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1   # non-negative and fits int64
-
-
-def json_response(body: dict, status: int = 200, headers: dict | None = None) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=headers)
 
 
 @web.middleware
@@ -93,182 +85,6 @@ def sampling_params(req, engine: Engine, prompt_len: int, max_tokens: int | None
         ignore_eos=bool(req.ignore_eos))
 
 
-async def events(engine: Engine, prompt: list[int], params: SamplingParams):
-    """The engine's events for one request; aborts the sequence if the consumer leaves early."""
-    seq_id, sink = engine.submit(prompt, params)
-    done = False
-    try:
-        while True:
-            event: Event = await sink.get()
-            if event.error:
-                raise APIError(500, event.error, type="server_error")
-            yield event
-            if event.finish_reason:
-                done = True
-                return
-    finally:
-        if not done:
-            engine.abort(seq_id)
-
-
-class Generation:
-    """One request's progress: its text stream, how many tokens it consumed, why it ended."""
-
-    def __init__(self, engine: Engine, prompt: list[int], stops: list[str]):
-        tok = engine.tokenizer
-        self.token_text = tok.token_text
-        self.text = TextStream(tok.decode, stops, context=prompt[-DETOKENIZE_CONTEXT:])
-        self.tokens = 0
-        self.finish_reason: str | None = None
-
-    def advance(self, event: Event) -> str:
-        """Consume one event; return the new text. Sets finish_reason when done."""
-        self.tokens += 1
-        delta = self.text.push(event.sample.token)
-        if self.text.stopped:
-            self.finish_reason = "stop"
-        elif event.finish_reason:
-            delta += self.text.flush()
-            self.finish_reason = event.finish_reason
-        return delta
-
-
-def chat_logprob(gen: Generation, event: Event) -> dict:
-    s = event.sample
-
-    def entry(token_id, lp):
-        text = gen.token_text(token_id)
-        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
-
-    return {**entry(s.token, s.logprob), "top_logprobs": [entry(t, lp) for t, lp in s.top]}
-
-
-def completion_logprobs(gen: Generation, entries: list[Event]) -> dict:
-    tokens = [gen.token_text(e.sample.token) for e in entries]
-    offsets, at = [], 0
-    for t in tokens:
-        offsets.append(at)
-        at += len(t)
-    return {"tokens": tokens, "token_logprobs": [e.sample.logprob for e in entries],
-            "top_logprobs": [{gen.token_text(t): lp for t, lp in e.sample.top} for e in entries],
-            "text_offset": offsets}
-
-
-class Handler:
-    """The shape shared by both endpoints; subclasses say how a choice is written."""
-    object_full: str
-    object_chunk: str
-    id_prefix: str
-
-    def __init__(self, request: web.Request, engine: Engine, req, prompt: list[int], params: SamplingParams):
-        self.request, self.engine, self.req, self.prompt, self.params = request, engine, req, prompt, params
-        self.id = self.id_prefix + secrets.token_hex(12)
-        self.created = int(time.time())
-        self.gen = Generation(engine, prompt, req.stop_list())
-
-    def envelope(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.request.app[MODEL_NAME],
-                "system_fingerprint": self.engine.fingerprint, "seed": self.params.seed}
-
-    def usage(self) -> dict:
-        return {"prompt_tokens": len(self.prompt), "completion_tokens": self.gen.tokens,
-                "total_tokens": len(self.prompt) + self.gen.tokens}
-
-    def headers(self) -> dict:
-        return {"x-detgate-seed": str(self.params.seed)}
-
-    async def full(self) -> web.Response:
-        text, logprob_events = [], []
-        async with contextlib.aclosing(events(self.engine, self.prompt, self.params)) as stream:
-            async for event in stream:
-                text.append(self.gen.advance(event))
-                logprob_events.append(event)
-                if self.gen.finish_reason:
-                    break
-        choice = self.choice("".join(text), logprob_events if self.params.logprobs is not None else None)
-        body = {**self.envelope(self.object_full), "choices": [choice], "usage": self.usage()}
-        return json_response(body, headers=self.headers())
-
-    async def stream(self) -> web.StreamResponse:
-        response = web.StreamResponse(headers={
-            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", **self.headers()})
-        await response.prepare(self.request)
-        want_logprobs = self.params.logprobs is not None
-        pending: list[Event] = []   # tokens whose text is still held back
-        first = self.first_chunk()
-        if first is not None:
-            await self.send(response, first)
-        try:
-            async with contextlib.aclosing(events(self.engine, self.prompt, self.params)) as stream:
-                async for event in stream:
-                    delta = self.gen.advance(event)
-                    pending.append(event)
-                    if delta:
-                        await self.send(response, self.chunk(delta, pending if want_logprobs else None, None))
-                        pending = []
-                    if self.gen.finish_reason:
-                        break
-        except APIError as e:
-            await self.send(response, e.body())
-            return response
-        except ConnectionResetError:   # the client left; aclosing() has aborted its sequence
-            return response
-        await self.send(response, self.chunk("", pending if want_logprobs else None, self.gen.finish_reason))
-        options = self.req.stream_options
-        if options is not None and options.include_usage:
-            await self.send(response, {**self.envelope(self.object_chunk), "choices": [], "usage": self.usage()})
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-    async def send(self, response: web.StreamResponse, body: dict) -> None:
-        await response.write(b"data: " + orjson.dumps(body) + b"\n\n")
-
-
-class ChatHandler(Handler):
-    object_full, object_chunk, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
-
-    def choice(self, text: str, logprob_events: list[Event] | None) -> dict:
-        logprobs = None
-        if logprob_events is not None:
-            logprobs = {"content": [chat_logprob(self.gen, e) for e in logprob_events]}
-        return {"index": 0, "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs, "finish_reason": self.gen.finish_reason}
-
-    def first_chunk(self) -> dict:
-        return {**self.envelope(self.object_chunk),
-                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                             "logprobs": None, "finish_reason": None}]}
-
-    def chunk(self, delta: str, logprob_events, finish_reason) -> dict:
-        logprobs = None
-        if logprob_events is not None:
-            logprobs = {"content": [chat_logprob(self.gen, e) for e in logprob_events]}
-        return {**self.envelope(self.object_chunk),
-                "choices": [{"index": 0, "delta": {"content": delta} if delta else {},
-                             "logprobs": logprobs, "finish_reason": finish_reason}]}
-
-
-class CompletionHandler(Handler):
-    object_full, object_chunk, id_prefix = "text_completion", "text_completion", "cmpl-"
-
-    def choice(self, text: str, logprob_events: list[Event] | None) -> dict:
-        logprobs = None if logprob_events is None else completion_logprobs(self.gen, logprob_events)
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": self.gen.finish_reason}
-
-    def first_chunk(self) -> None:
-        return None
-
-    def chunk(self, delta: str, logprob_events, finish_reason) -> dict:
-        logprobs = None if logprob_events is None else completion_logprobs(self.gen, logprob_events)
-        return {**self.envelope(self.object_chunk),
-                "choices": [{"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
-
-
-async def respond(handler: Handler):
-    return await (handler.stream() if handler.req.stream else handler.full())
-
-
 async def chat_completions(request: web.Request):
     engine = request.app[ENGINE]
     req: ChatRequest = parse(ChatRequest, await read_body(request))
@@ -280,7 +96,7 @@ async def chat_completions(request: web.Request):
     max_tokens = req.max_completion_tokens or req.max_tokens
     top = req.top_logprobs or 0
     params = sampling_params(req, engine, len(prompt), max_tokens, top if req.logprobs else None)
-    return await respond(ChatHandler(request, engine, req, prompt, params))
+    return await respond(ChatHandler(request, engine, request.app[MODEL_NAME], req, prompt, params))
 
 
 async def completions(request: web.Request):
@@ -297,7 +113,7 @@ async def completions(request: web.Request):
     if not prompt:
         raise APIError(400, "the prompt is empty after tokenization", param="prompt")
     params = sampling_params(req, engine, len(prompt), req.max_tokens or 16, req.logprobs)
-    return await respond(CompletionHandler(request, engine, req, prompt, params))
+    return await respond(CompletionHandler(request, engine, request.app[MODEL_NAME], req, prompt, params))
 
 
 async def models(request: web.Request):

@@ -32,13 +32,13 @@ class AttentionBatch:
 @dataclasses.dataclass
 class Layer:
     input_norm: torch.Tensor
-    qkv: torch.Tensor            # [H, (Hq + 2 Hkv) D], laid out for kernels.matmul
+    qkv: torch.Tensor            # [hidden, (Hq + 2 Hkv) * head_dim], laid out for kernels.matmul
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     o: torch.Tensor
     post_norm: torch.Tensor
-    gate_up: torch.Tensor        # [H, 2 I]
+    gate_up: torch.Tensor        # [hidden, 2 * intermediate]
     down: torch.Tensor
 
 

@@ -108,6 +108,14 @@ def test_headers_that_break_http_framing_get_a_4xx_and_leave_the_gateway_healthy
     orjson.dumps({**CHAT, "messages": [{"role": "user", "content": "x"}] * 20_000}),
     b'\xef\xbb\xbf' + orjson.dumps(CHAT),
     b"",
+    orjson.dumps({**CHAT, "model": "\x1f\x7f-echoed-into-a-header"}),  # the upstream names it in its answer
 ])
 def test_extreme_bodies(gw, raw):
     assert_well_formed(post(gw.url, "/v1/chat/completions", raw))
+
+
+@pytest.mark.parametrize("expect", ["\x80", "102-processing"])
+def test_an_expect_the_gateway_does_not_answer_is_a_417(gw, expect):
+    reply = post(gw.url, "/v1/chat/completions", CHAT, headers={"Expect": expect})
+    assert reply.status == 417
+    assert_well_formed(reply)

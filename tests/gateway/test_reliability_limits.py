@@ -1,4 +1,4 @@
-"""Request limits: message count (400), body size (413), per-tenant rate limits (429 with
+"""Request limits: message count (400) and per-tenant rate limits (429 with
 Retry-After), local to a replica or shared by all of them through Redis."""
 from __future__ import annotations
 

@@ -42,3 +42,6 @@ def test_status_answers_while_redis_is_down(upstream, gateway, own_redis):
     body = status.json()
     assert body["mode"] == "replay" and body["store"]["kind"] == "redis" and body["store"]["healthy"] is False
     assert "redis" in body["store"]["error"]
+    down = post(gw.url, "/v1/chat/completions", CHAT)  # replay cannot fall back to the upstream
+    assert down.status == 503 and down.json()["error"]["code"] == "cache_unavailable"
+    assert upstream[0].calls == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 from aiohttp import web
@@ -100,12 +101,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+async def metric(url: str, name: str) -> float:
+    """One sample's value from the server's /metrics."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url + "/metrics") as r:
+            text = await r.text()
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
 class Server:
     def __init__(self, engine: Engine, name: str):
         self.engine, self.name = engine, name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.runner = web.AppRunner(make_app(engine, name))
+        self.runner = web.AppRunner(make_app(engine, name), handler_cancellation=True)   # as the CLI runs it
 
     async def __aenter__(self):
         await self.runner.setup()

@@ -9,13 +9,13 @@ import random
 
 import aiohttp
 
-from conftest import Server, make_engine
+from conftest import Server, make_engine, metric
 
 PROMPT = [{"role": "user", "content": "A paged cache holds keys and values in blocks of sixteen tokens. " * 3}]
 
 
-async def answer(client, model, messages, **params):
-    r = await client.chat.completions.create(model=model, messages=messages, max_tokens=16, logprobs=True,
+async def answer(client, model, messages, max_tokens=16, **params):
+    r = await client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, logprobs=True,
                                              top_logprobs=2, **params)
     return r.choices[0].message.content, [(e.token, e.logprob) for e in r.choices[0].logprobs.content]
 
@@ -45,13 +45,6 @@ def same_tokens_close_logprobs(x, y):
     assert x[0] == y[0]
     assert [t for t, _ in x[1]] == [t for t, _ in y[1]]
     assert all(abs(a - b) < 1e-4 for (_, a), (_, b) in zip(x[1], y[1]))
-
-
-async def metric(url, name) -> float:
-    async with aiohttp.ClientSession() as http:
-        async with http.get(url + "/metrics") as r:
-            text = await r.text()
-    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
 async def test_cpu_path_leaves_the_prefix_cache_off(qwen3):
@@ -92,3 +85,18 @@ async def test_audit_reruns_served_requests_and_counts_matches(checkpoints):
                 await asyncio.sleep(0.05)
     assert 'detgate_backend_audit_total{result="match"} 2.0' in metrics
     assert 'result="mismatch"' not in metrics
+
+
+async def test_preempted_sequences_are_recomputed_to_the_same_answer(checkpoints):
+    prompts = [[{"role": "user", "content": f"{i} the quick brown fox jumps over the lazy dog " * 3}] for i in range(4)]
+    params = dict(temperature=0.8, seed=21, max_tokens=48, extra_body={"ignore_eos": True})
+    async with Server(make_engine(checkpoints["qwen3"]), "qwen3") as s:
+        alone = [await answer(s.client, "qwen3", p, **params) for p in prompts]
+    # Batching on the CPU only to run out of KV blocks: 4 sequences of ~140 tokens in 12 blocks of 16.
+    engine = make_engine(checkpoints["qwen3"], kv_blocks=12)
+    engine.max_batch = engine.scheduler.max_batch = 4
+    async with Server(engine, "qwen3") as s:
+        crowded = await asyncio.gather(*(answer(s.client, "qwen3", p, **params) for p in prompts))
+    assert engine.scheduler.preemptions > 0
+    for x, y in zip(crowded, alone):
+        same_tokens_close_logprobs(x, y)

@@ -8,6 +8,7 @@ import openai
 import pytest
 import torch
 
+from conftest import Server, metric
 from local_backend.tokenizer import Tokenizer
 from reference import ReferenceModel
 
@@ -35,7 +36,6 @@ async def test_chat_template_is_rendered_with_bos_and_generation_prompt(server, 
 
 
 async def test_template_raise_exception_is_a_400(engines):
-    from conftest import Server
     async with Server(engines["llama"], "llama") as s:
         with pytest.raises(openai.BadRequestError, match="unknown role tool"):
             await s.client.chat.completions.create(
@@ -199,20 +199,25 @@ async def test_metrics_and_health(qwen3):
         assert name in text, name
 
 
-async def test_a_client_that_leaves_mid_stream_frees_its_sequence(qwen3):
-    body = {"model": "qwen3", "prompt": "hello", "max_tokens": 240, "stream": True, "ignore_eos": True}
-    generated = qwen3.engine.metrics.generation_tokens
-    before = generated._value.get()
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_client_that_leaves_frees_its_sequence(qwen3, stream):
+    body = {"model": "qwen3", "prompt": "hello", "max_tokens": 240, "stream": stream, "ignore_eos": True}
+    before = await metric(qwen3.url, "detgate_backend_generation_tokens_total")
     async with aiohttp.ClientSession() as http:
-        async with http.post(qwen3.url + "/v1/completions", json=body) as r:
-            assert r.status == 200
-            await r.content.readline()
+        if stream:
+            async with http.post(qwen3.url + "/v1/completions", json=body) as r:
+                assert r.status == 200
+                await r.content.readline()
+        else:
+            with pytest.raises(asyncio.TimeoutError):
+                await http.post(qwen3.url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=0.05))
     for _ in range(100):
         if not qwen3.engine._seqs:
             break
         await asyncio.sleep(0.05)
     assert not qwen3.engine._seqs and not qwen3.engine.scheduler.has_work()
     assert qwen3.engine.blocks.num_used == 0
-    assert generated._value.get() - before < 200   # stopped early, not run to max_tokens
+    generated = await metric(qwen3.url, "detgate_backend_generation_tokens_total") - before
+    assert generated < 200   # stopped early, not run to max_tokens
     ok = await qwen3.client.completions.create(model="qwen3", prompt="hi", max_tokens=2)
     assert ok.usage.completion_tokens == 2 or ok.choices[0].finish_reason == "stop"
