@@ -34,7 +34,7 @@ CONFIGS = {
     "large": (128, 256, 8, 3, "tma"),     # enough 128x256 tiles to fill the GPU: on par with cuBLAS
     "wide": (128, 128, 8, 4, "tma"),      # enough 128x128 tiles to fill it
     "medium": (64, 128, 4, 5, "tma"),     # mid M, or wide N at decode
-    "narrow": (64, 32, 4, 8, "pointer"),  # decode, 17..64 rows, N too small to fill the GPU with wide tiles
+    "narrow": (64, 32, 4, 8, "pointer"),  # 17..128 rows, N too small to fill the GPU with wider tiles
     "decode": (16, 32, 4, 8, "tma"),      # decode, 1..16 rows: the weight read is all the cost
 }
 _GROUP_M = 8
@@ -69,6 +69,11 @@ def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[i
         return CONFIGS["large"]
     if triton.cdiv(m, 128) * triton.cdiv(n, 128) >= fill:
         return CONFIGS["wide"]
+    if m <= 128:
+        # One or two 64-row tiles: (64, 128) leaves most SMs idle at N=4096 (32 or 64
+        # programs); 64x32 tiles give 4x the programs. H100 sweep (kernels_dense_sweep.json),
+        # M=128, N=4096: K=4096 21.0 -> 17.4 us, K=14336 66.2 -> 59.4 us.
+        return CONFIGS["narrow"]
     return CONFIGS["medium"]
 
 

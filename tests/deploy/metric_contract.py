@@ -44,6 +44,7 @@ GATEWAY_LATER = {
     "detgate_rate_limited_total": Metric("counter", ("tenant",)),
     "detgate_cache_tamper_total": Metric("counter"),
     "detgate_upstream_retries_total": Metric("counter", ("upstream", "reason")),
+    "detgate_upstream_saturated_total": Metric("counter", ("upstream", "why")),
 }
 
 # Issue 4: the whitebox backend.
