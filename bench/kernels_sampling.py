@@ -2,10 +2,12 @@
 
 For B in {1, 32, 256} at V = 152064 (Qwen2/3) and bf16 / fp32 logits it times
 log_softmax, logsumexp, argmax and the sampler (plain, top-k 50, top-p 0.9, both)
-against the torch equivalents (`kernels.mode("standard")`), with the L2 flushed
-between repetitions (triton.testing.do_bench, median). Bandwidth counts the fewest
-bytes each op must move (logits read once; log_softmax also writes fp32 once) and
-is set against a device-to-device copy measured in the same run.
+against the torch equivalents (`kernels.mode("standard")`) on two clocks: eager
+calls with the L2 flushed (triton.testing.do_bench, median; host launch cost
+included) and GPU time from CUDA-graph replays (the kernels alone). Bandwidth
+counts the fewest bytes each op must move (logits read once; log_softmax also
+writes fp32 once) and is set against a device-to-device copy measured in the
+same run.
 
 It also counts unique outputs of one row placed alone and at random positions in
 batches of random companions (bits for log_softmax, tokens for the samplers), and
@@ -28,6 +30,7 @@ from triton.testing import do_bench
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import mode, philox, sampling, sampling_triton  # noqa: E402
+from kernels_dense import gpu_us, rotating  # noqa: E402  (this script's folder is on sys.path)
 
 VOCAB = 152064
 BATCHES = (1, 32, 256)
@@ -55,38 +58,50 @@ def sampling_args(batch: int, top_k: int, top_p: float, temperature: float = 0.8
             torch.full((batch,), top_p, device=dev))
 
 
-def ops(x: torch.Tensor):
-    """name -> (callable, fewest bytes moved)."""
-    b, v = x.shape
-    read = x.numel() * x.element_size()
+def ops(batch: int, element_size: int, logits):
+    """name -> (callable, fewest bytes moved); `logits()` gives the input of each call."""
+    read = batch * VOCAB * element_size
     table = {
-        "log_softmax": (lambda: sampling.log_softmax(x), read + b * v * 4),
-        "logsumexp": (lambda: sampling.logsumexp(x), read),
-        "argmax": (lambda: sampling.argmax(x), read),
+        "log_softmax": (lambda: sampling.log_softmax(logits()), read + batch * VOCAB * 4),
+        "logsumexp": (lambda: sampling.logsumexp(logits()), read),
+        "argmax": (lambda: sampling.argmax(logits()), read),
     }
     for name, (k, p) in FILTERS.items():
-        args = sampling_args(b, k, p)
-        table[name] = ((lambda a=args: sampling.sample(x, *a)), read)
+        args = sampling_args(batch, k, p)
+        table[name] = ((lambda a=args: sampling.sample(logits(), *a)), read)
     return table
 
 
+# The stock sampler syncs with the host (it checks whether any row filters), so it
+# cannot be captured in a CUDA graph; the stock reductions can.
+GRAPHABLE_STANDARD = ("log_softmax", "logsumexp", "argmax")
+
+
 def time_ops(copy: float) -> list[dict]:
+    """Two clocks per op. Eager: one call at a time with the L2 flushed (do_bench), which
+    includes the host's launch cost whenever that is longer than the kernels. Graph: GPU
+    time per call from CUDA-graph replays over enough input copies to defeat the L2 (at
+    B=1 the copies fit in it): the kernels' own cost, as a decode step under a graph pays."""
     rows = []
     for dname, dtype in DTYPES.items():
         for batch in BATCHES:
             x = logits_for(batch, dtype, seed=batch)
-            for name, (fn, nbytes) in ops(x).items():
+            copies = rotating(lambda: x.clone(), x.numel() * x.element_size())
+            eager, graph = ops(batch, x.element_size(), lambda: x), ops(batch, x.element_size(), copies)
+            for name, (fn, nbytes) in eager.items():
                 row = {"op": name, "dtype": dname, "B": batch, "bytes": nbytes}
                 for m in ("invariant", "standard"):
                     with mode(m):
-                        ms = do_bench(fn, return_mode="median")
-                    row[f"{m}_us"] = ms * 1e3
-                    row[f"{m}_gbps"] = nbytes / ms / 1e6
+                        row[f"{m}_us"] = do_bench(fn, return_mode="median") * 1e3
+                        can_graph = m == "invariant" or name in GRAPHABLE_STANDARD
+                        row[f"{m}_graph_us"] = gpu_us(graph[name][0]) if can_graph else None
+                    row[f"{m}_gbps"] = nbytes / row[f"{m}_graph_us" if can_graph else f"{m}_us"] / 1e3
                 row["invariant_frac_copy"] = row["invariant_gbps"] / copy
                 row["speedup_vs_standard"] = row["standard_us"] / row["invariant_us"]
                 rows.append(row)
-                print(f"{dname} B={batch:3d} {name:28s} inv {row['invariant_us']:9.1f} us "
-                      f"std {row['standard_us']:9.1f} us  {row['invariant_frac_copy']:.2f} of copy", flush=True)
+                print(f"{dname} B={batch:3d} {name:28s} inv {row['invariant_us']:8.1f} us eager "
+                      f"{row['invariant_graph_us']:8.1f} us graph  std {row['standard_us']:8.1f} us eager  "
+                      f"{row['invariant_frac_copy']:.2f} of copy", flush=True)
     return rows
 
 
@@ -164,16 +179,22 @@ def markdown(meta: dict, rows: list[dict], inv: list[dict], cross: dict) -> str:
         "# Sampling reductions: invariant Triton vs stock torch",
         "",
         f"{meta['gpu']}, torch {meta['torch']}, V = {VOCAB}, copy bandwidth {meta['copy_gbps']:.0f} GB/s "
-        "(read + write, measured in the same run). Times are medians with the L2 flushed; GB/s counts the "
-        "fewest bytes (logits read once, log_softmax output written once). Sampling at temperature 0.8. "
-        "Eager calls: at small B the times include the Python launch cost of 2-3 Triton kernels per call.",
+        "(read + write, measured in the same run). Sampling at temperature 0.8. Two clocks: *eager* is one call "
+        "at a time with the L2 flushed (triton do_bench, median), and includes the host's launch cost wherever "
+        "that exceeds the GPU work (small B: 3 Triton launches per sampler call); *graph* is GPU time per call "
+        "from CUDA-graph replays over input copies that defeat the L2 (at B=1 they fit in it). GB/s and the "
+        "fraction of copy bandwidth use the graph time and the fewest bytes (logits read once, log_softmax "
+        "output written once). The stock sampler syncs with the host, so it has no graph time.",
         "",
-        "| dtype | B | op | invariant µs | torch µs | torch / invariant | invariant GB/s | of copy |",
-        "|---|---|---|---|---|---|---|---|",
+        "| dtype | B | op | invariant µs eager | invariant µs graph | torch µs eager | torch µs graph "
+        "| torch / invariant (eager) | invariant GB/s (graph) | of copy |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['dtype']} | {r['B']} | {r['op']} | {r['invariant_us']:.1f} | {r['standard_us']:.1f} | "
-                     f"{r['speedup_vs_standard']:.2f} | {r['invariant_gbps']:.0f} | {r['invariant_frac_copy']:.2f} |")
+        std_graph = "-" if r["standard_graph_us"] is None else f"{r['standard_graph_us']:.1f}"
+        lines.append(f"| {r['dtype']} | {r['B']} | {r['op']} | {r['invariant_us']:.1f} | {r['invariant_graph_us']:.1f} "
+                     f"| {r['standard_us']:.1f} | {std_graph} | {r['speedup_vs_standard']:.2f} "
+                     f"| {r['invariant_gbps']:.0f} | {r['invariant_frac_copy']:.2f} |")
     lines += ["", "## Unique outputs of one row, alone and at random positions among random companions (bf16)", "",
               "| B | op | placements | unique (invariant) | unique (torch) |", "|---|---|---|---|---|"]
     for r in inv:

@@ -87,7 +87,8 @@ def from_events(route: str, events: list[bytes]) -> Entry:
     chunks = [orjson.loads(e) for e in events]
     if not chunks:
         raise ValueError("a stream without a single event")
-    body = _assemble_chat(chunks) if route == "chat.completions" else _assemble_completion(chunks)
+    body = (_assemble(chunks, "chat.completion", _new_chat_choice, _add_chat_delta) if route == "chat.completions"
+            else _assemble(chunks, "text_completion", _new_text_choice, _add_text_delta))
     return Entry(orjson.dumps(body), render_sse(events), str(body.get("model") or ""))
 
 
@@ -138,29 +139,45 @@ def _merge_logprobs(into: dict[str, Any] | None, more: dict[str, Any] | None) ->
     return merged
 
 
-def _assemble_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+def _assemble(chunks: list[dict[str, Any]], obj: str, new_choice, add_delta) -> dict[str, Any]:
+    """The non-stream body that a recorded stream of chunks stands for."""
     choices: dict[int, dict[str, Any]] = {}
     usage = None
     for chunk in chunks:
         usage = chunk.get("usage") or usage
         for part in chunk.get("choices") or []:
             index = part.get("index", 0)
-            choice = choices.setdefault(index, {"index": index, "message": {"role": "assistant", "content": None},
-                                                "logprobs": None, "finish_reason": None})
-            message, delta = choice["message"], part.get("delta") or {}
-            for name, value in delta.items():
-                if name == "tool_calls":
-                    _merge_tool_calls(message.setdefault("tool_calls", []), value or [])
-                elif isinstance(value, str) and name != "role":
-                    message[name] = (message.get(name) or "") + value
-                elif value is not None:
-                    message[name] = value
+            choice = choices.setdefault(index, new_choice(index))
+            add_delta(choice, part)
             choice["logprobs"] = _merge_logprobs(choice["logprobs"], part.get("logprobs"))
             choice["finish_reason"] = part.get("finish_reason") or choice["finish_reason"]
-    body = {**_header(chunks[0], "chat.completion"), "choices": [choices[i] for i in sorted(choices)]}
+    body = {**_header(chunks[0], obj), "choices": [choices[i] for i in sorted(choices)]}
     if usage is not None:
         body["usage"] = usage
     return body
+
+
+def _new_chat_choice(index: int) -> dict[str, Any]:
+    return {"index": index, "message": {"role": "assistant", "content": None}, "logprobs": None, "finish_reason": None}
+
+
+def _add_chat_delta(choice: dict[str, Any], part: dict[str, Any]) -> None:
+    message = choice["message"]
+    for name, value in (part.get("delta") or {}).items():
+        if name == "tool_calls":
+            _merge_tool_calls(message.setdefault("tool_calls", []), value or [])
+        elif isinstance(value, str) and name != "role":
+            message[name] = (message.get(name) or "") + value
+        elif value is not None:
+            message[name] = value
+
+
+def _new_text_choice(index: int) -> dict[str, Any]:
+    return {"index": index, "text": "", "logprobs": None, "finish_reason": None}
+
+
+def _add_text_delta(choice: dict[str, Any], part: dict[str, Any]) -> None:
+    choice["text"] += part.get("text") or ""
 
 
 def _merge_tool_calls(calls: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> None:
@@ -174,23 +191,6 @@ def _merge_tool_calls(calls: list[dict[str, Any]], deltas: list[dict[str, Any]])
         function = delta.get("function") or {}
         call["function"]["name"] += function.get("name") or ""
         call["function"]["arguments"] += function.get("arguments") or ""
-
-
-def _assemble_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    choices: dict[int, dict[str, Any]] = {}
-    usage = None
-    for chunk in chunks:
-        usage = chunk.get("usage") or usage
-        for part in chunk.get("choices") or []:
-            index = part.get("index", 0)
-            choice = choices.setdefault(index, {"index": index, "text": "", "logprobs": None, "finish_reason": None})
-            choice["text"] += part.get("text") or ""
-            choice["logprobs"] = _merge_logprobs(choice["logprobs"], part.get("logprobs"))
-            choice["finish_reason"] = part.get("finish_reason") or choice["finish_reason"]
-    body = {**_header(chunks[0], "text_completion"), "choices": [choices[i] for i in sorted(choices)]}
-    if usage is not None:
-        body["usage"] = usage
-    return body
 
 
 class Sealer:

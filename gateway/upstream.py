@@ -6,6 +6,7 @@ should see; the caller never has to know about aiohttp's exceptions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import AsyncIterator
 
@@ -54,8 +55,11 @@ class UpstreamClient:
 
         return await self.resilience.call(upstream.name, attempt, deadline)
 
-    async def _post_once(self, upstream: UpstreamConfig, route: str, data: bytes, authorization: str | None,
-                         deadline: Deadline) -> bytes:
+    @contextlib.asynccontextmanager
+    async def _post(self, upstream: UpstreamConfig, route: str, data: bytes, authorization: str | None,
+                    deadline: Deadline) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The upstream's 200 response; any other status raises its UpstreamError. The call's
+        status and latency are recorded when the caller is done with the response."""
         # Transport errors leave raw, so that retry.retry_reason can tell a refused
         # connection from a timeout; Resilience.call turns what is left into an UpstreamError.
         started = time.perf_counter()
@@ -64,17 +68,22 @@ class UpstreamClient:
             async with self.session.post(upstream.url + PATHS[route], data=data, headers=_headers(authorization),
                                          timeout=self._timeout(deadline)) as resp:
                 status = resp.status
-                payload = await resp.read()
                 if resp.status != 200:
-                    raise UpstreamError(resp.status, _scrubbed(payload, authorization), resp.content_type,
+                    raise UpstreamError(resp.status, _scrubbed(await resp.read(), authorization), resp.content_type,
                                         dict(resp.headers))
-                _check_json(upstream.name, payload)
-                return payload
+                yield resp
         except asyncio.TimeoutError:
             status = 504
             raise
         finally:
             self._record(upstream.name, status, started)
+
+    async def _post_once(self, upstream: UpstreamConfig, route: str, data: bytes, authorization: str | None,
+                         deadline: Deadline) -> bytes:
+        async with self._post(upstream, route, data, authorization, deadline) as resp:
+            payload = await resp.read()
+        _check_json(upstream.name, payload)
+        return payload
 
     async def stream(self, upstream: UpstreamConfig, route: str, body: dict, authorization: str | None,
                      deadline: Deadline | None = None) -> AsyncIterator[bytes]:
@@ -109,27 +118,14 @@ class UpstreamClient:
                            deadline: Deadline) -> AsyncIterator[bytes]:
         # The slot and the breaker permit are held until the stream ends, so a stream that
         # breaks mid-way counts against the upstream's health like any other failure.
-        async with self.resilience.guard(upstream.name, deadline):
-            started = time.perf_counter()
-            status = 502
-            try:
-                async with self.session.post(upstream.url + PATHS[route], data=data, headers=_headers(authorization),
-                                             timeout=self._timeout(deadline)) as resp:
-                    status = resp.status
-                    if resp.status != 200:
-                        raise UpstreamError(resp.status, _scrubbed(await resp.read(), authorization),
-                                            resp.content_type, dict(resp.headers))
-                    async for payload in _sse_payloads(resp.content):
-                        if payload == b"[DONE]":
-                            return
-                        _check_chunk(upstream.name, payload)
-                        yield payload
-                    raise aiohttp.ClientPayloadError(f"upstream {upstream.name!r} closed its stream before [DONE]")
-            except asyncio.TimeoutError:
-                status = 504
-                raise
-            finally:
-                self._record(upstream.name, status, started)
+        async with self.resilience.guard(upstream.name, deadline), \
+                self._post(upstream, route, data, authorization, deadline) as resp:
+            async for payload in _sse_payloads(resp.content):
+                if payload == b"[DONE]":
+                    return
+                _check_chunk(upstream.name, payload)
+                yield payload
+            raise aiohttp.ClientPayloadError(f"upstream {upstream.name!r} closed its stream before [DONE]")
 
 
 def _headers(authorization: str | None) -> dict[str, str]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import philox
+from kernels import philox, sampling_triton
 from kernels.mode import get_mode, use_triton
 
 
@@ -33,8 +33,6 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     """[B, V] any float dtype -> fp32 [B, V]."""
     _check_logits(logits)
     if use_triton(logits):
-        # Imported on use: sampling_triton itself imports reciprocal_temperature from here.
-        from kernels import sampling_triton
         return sampling_triton.log_softmax(logits)
     return torch.log_softmax(logits.float(), dim=-1)
 
@@ -43,7 +41,6 @@ def logsumexp(logits: torch.Tensor) -> torch.Tensor:
     """[B, V] -> fp32 [B]."""
     _check_logits(logits)
     if use_triton(logits):
-        from kernels import sampling_triton
         return sampling_triton.logsumexp(logits)
     return torch.logsumexp(logits.float(), dim=-1)
 
@@ -52,7 +49,6 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     """[B, V] -> int64 [B]; ties go to the lowest token id."""
     _check_logits(logits)
     if use_triton(logits):
-        from kernels import sampling_triton
         return sampling_triton.argmax(logits)
     if get_mode() == "standard":
         return torch.argmax(logits, dim=-1)
@@ -72,7 +68,6 @@ def sample(logits, seeds, steps, temperature, top_k, top_p) -> torch.Tensor:
         if t.shape != (batch,):
             raise ValueError(f"{name} must have shape ({batch},), got {tuple(t.shape)}")
     if use_triton(logits):
-        from kernels import sampling_triton
         return sampling_triton.sample(logits, seeds, steps, temperature, top_k, top_p)
     if get_mode() == "standard":
         return sample_standard(logits, temperature, top_k, top_p)

@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from kernels.philox import philox4x32, uniform_open
-from kernels.sampling import reciprocal_temperature
 
 # Split / chunk sizes and warps; they fix each row's reduction order, so changing
 # them changes low bits (and KERNEL_VERSION should move with them).
@@ -189,9 +188,12 @@ def _order_key(s):
 
 
 @triton.jit
-def _row_params(temp_ptr, inv_ptr, top_k_ptr, top_p_ptr, row, V):
-    greedy = tl.load(temp_ptr + row) <= 0.0
-    inverse = tl.load(inv_ptr + row)
+def _row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V):
+    temperature = tl.load(temp_ptr + row)
+    greedy = temperature <= 0.0
+    # The same IEEE round-to-nearest division as sampling.reciprocal_temperature; done here
+    # rather than in torch because that costs five small launches per call.
+    inverse = tl.where(greedy, 1.0, tl.math.div_rn(1.0, tl.where(greedy, 1.0, temperature)))
     top_k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
     k_on = (top_k > 0) & (top_k < V) & (greedy == 0)
@@ -222,13 +224,13 @@ def _mass_from(base, V, inverse, row_max, threshold, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _threshold_kernel(x_ptr, stride, temp_ptr, inv_ptr, top_k_ptr, top_p_ptr, state_i_ptr, state_f_ptr, ties_ptr,
+def _threshold_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, state_i_ptr, state_f_ptr, ties_ptr,
                       V, S, SPLIT: tl.constexpr, BLOCK: tl.constexpr, SP: tl.constexpr):
     """Per row: the kept prefix's boundary key t, the count and mass strictly above it,
     and, per split, how many boundary ties come before it (rows without a filter get t = INT32_MIN)."""
     row = tl.program_id(0)
     base = x_ptr + row.to(tl.int64) * stride
-    greedy, inverse, top_k, top_p, k_on, p_on = _row_params(temp_ptr, inv_ptr, top_k_ptr, top_p_ptr, row, V)
+    greedy, inverse, top_k, top_p, k_on, p_on = _row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
     offs = tl.arange(0, BLOCK)
     threshold = tl.full([], -2147483648, tl.int32)
     above_count = tl.full([], 0, tl.int32)
@@ -278,13 +280,26 @@ def _threshold_kernel(x_ptr, stride, temp_ptr, inv_ptr, top_k_ptr, top_p_ptr, st
 
 
 @triton.jit
-def _sample_partial_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, inv_ptr, top_k_ptr, top_p_ptr,
+def _noise_words(first, step_lo, step_hi, seed_lo, seed_hi, GROUPS: tl.constexpr):
+    """Philox words for tokens first .. first + 4 * GROUPS - 1 (first a multiple of 4), in token order."""
+    lane0 = tl.zeros([GROUPS], tl.uint32)
+    o0, o1, o2, o3 = philox4x32((first // 4 + tl.arange(0, GROUPS)).to(tl.uint32), lane0 + step_lo,
+                                lane0 + step_hi, lane0, seed_lo, seed_hi)
+    # Token 4g + w takes word w of call g: interleaving twice lays the words out in that
+    # order inside each thread's registers, where selecting a word per token would need
+    # a [GROUPS, 4] layout and a conversion back to the flat one.
+    return tl.interleave(tl.interleave(o0, o2), tl.interleave(o1, o3))
+
+
+@triton.jit
+def _sample_partial_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, top_k_ptr, top_p_ptr,
                            state_i_ptr, state_f_ptr, ties_ptr, best_ptr, where_ptr,
-                           V, S, SPLIT: tl.constexpr, R: tl.constexpr):
+                           V, S, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     part = tl.program_id(1)
     base = x_ptr + row.to(tl.int64) * stride
-    greedy, inverse, top_k, top_p, k_on, p_on = _row_params(temp_ptr, inv_ptr, top_k_ptr, top_p_ptr, row, V)
+    greedy, inverse, top_k, top_p, k_on, p_on = _row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
+    filtered = k_on | p_on
     threshold = tl.load(state_i_ptr + row * 2)
     above_count = tl.load(state_i_ptr + row * 2 + 1)
     above_mass = tl.load(state_f_ptr + row * 3)
@@ -294,45 +309,44 @@ def _sample_partial_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, inv_ptr,
 
     seed = tl.load(seed_ptr + row)
     step = tl.load(step_ptr + row)
-    group = tl.arange(0, R)
-    word = tl.arange(0, 4)[None, :]
-    ids = group[:, None] * 4 + word
-    lane0 = tl.zeros([R], tl.uint32)
-    step_lo = lane0 + (step & 0xFFFFFFFF).to(tl.uint32)
-    step_hi = lane0 + ((step >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    step_lo = (step & 0xFFFFFFFF).to(tl.uint32)
+    step_hi = ((step >> 32) & 0xFFFFFFFF).to(tl.uint32)
     seed_lo = (seed & 0xFFFFFFFF).to(tl.uint32)
     seed_hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
 
-    best = tl.full([R, 4], float("-inf"), tl.float32)
-    where = tl.full([R, 4], V, tl.int32)
-    for start in range(part * SPLIT, part * SPLIT + SPLIT, 4 * R):
-        s, valid = _scaled_chunk(base, start + ids, V, inverse)
+    offs = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    where = tl.full([BLOCK], V, tl.int32)
+    for start in range(part * SPLIT, part * SPLIT + SPLIT, BLOCK):
+        ids = start + offs
+        s, valid = _scaled_chunk(base, ids, V, inverse)
         if greedy:
             score = s
         else:
-            o0, o1, o2, o3 = philox4x32((start // 4 + group).to(tl.uint32), step_lo, step_hi, lane0,
-                                        seed_lo, seed_hi)
-            bits = tl.where(word == 0, o0[:, None], tl.where(word == 1, o1[:, None],
-                            tl.where(word == 2, o2[:, None], o3[:, None])))
+            bits = _noise_words(start, step_lo, step_hi, seed_lo, seed_hi, BLOCK // 4)
             score = s - tl.log(-tl.log(uniform_open(bits)))
-        key = _order_key(s)
-        tie = valid & (key == threshold)
-        tie_i = tie.to(tl.int32)
-        # 1-based rank of each tie among this row's ties, in token-id order.
-        group_ties = tl.sum(tie_i, axis=1)
-        rank = ties_before + (tl.cumsum(group_ties, axis=0) - group_ties)[:, None] + tl.cumsum(tie_i, axis=1)
-        ties_before += tl.sum(group_ties, axis=0)
-        prior = above_count + rank - 1
-        prior_mass = above_mass + (rank - 1).to(tl.float32) * tl.exp(s - row_max)
-        # tl.where rather than scalar & block: the interpreter mis-types that mix.
-        full = (prior >= 1) & (tl.where(k_on, prior >= top_k, False) | tl.where(p_on, prior_mass >= needed_mass, False))
-        keep = valid & ((key > threshold) | (tie & ~full))
+        keep = valid
+        # Unfiltered rows (the common case) skip the tie ranking: its scan and exp cost
+        # more than the noise itself.
+        if filtered:
+            key = _order_key(s)
+            tie = valid & (key == threshold)
+            tie_i = tie.to(tl.int32)
+            # 1-based rank of each tie among this row's ties, in token-id order.
+            rank = ties_before + tl.cumsum(tie_i, axis=0)
+            ties_before += tl.sum(tie_i, axis=0)
+            prior = above_count + rank - 1
+            prior_mass = above_mass + (rank - 1).to(tl.float32) * tl.exp(s - row_max)
+            # tl.where rather than scalar & block: the interpreter mis-types that mix.
+            full = (prior >= 1) & (tl.where(k_on, prior >= top_k, False) |
+                                   tl.where(p_on, prior_mass >= needed_mass, False))
+            keep = valid & ((key > threshold) | (tie & ~full))
         take = keep & ((score > best) | (where == V))
         best = tl.where(take, score, best)
-        where = tl.where(take, start + ids, where)
-    top = tl.max(tl.max(best, axis=1), axis=0)
+        where = tl.where(take, ids, where)
+    top = tl.max(best, axis=0)
     tl.store(best_ptr + row * S + part, top)
-    tl.store(where_ptr + row * S + part, tl.min(tl.min(tl.where(best == top, where, V), axis=1), axis=0))
+    tl.store(where_ptr + row * S + part, tl.min(tl.where(best == top, where, V), axis=0))
 
 
 def sample(logits, seeds, steps, temperature, top_k, top_p) -> torch.Tensor:
@@ -340,8 +354,7 @@ def sample(logits, seeds, steps, temperature, top_k, top_p) -> torch.Tensor:
     batch, vocab = x.shape
     device = x.device
     temperature = temperature.to(device=device, dtype=torch.float32).contiguous()
-    params = (temperature, reciprocal_temperature(temperature).contiguous(),
-              top_k.to(device=device, dtype=torch.int32).contiguous(),
+    params = (temperature, top_k.to(device=device, dtype=torch.int32).contiguous(),
               top_p.to(device=device, dtype=torch.float32).contiguous())
     split, block, parts, parts_p2 = _layout(vocab, _SAMPLE_SPLIT, _SAMPLE_BLOCK)
     state_i = torch.empty((batch, 2), dtype=torch.int32, device=device)
@@ -356,27 +369,21 @@ def sample(logits, seeds, steps, temperature, top_k, top_p) -> torch.Tensor:
     _sample_partial_kernel[(batch, parts)](
         x, x.stride(0), seeds.to(device=device, dtype=torch.int64).contiguous(),
         steps.to(device=device, dtype=torch.int64).contiguous(), *params, state_i, state_f, ties, best, where,
-        vocab, parts, SPLIT=split, R=block // 4, num_warps=_SAMPLE_WARPS, enable_fp_fusion=False,
+        vocab, parts, SPLIT=split, BLOCK=block, num_warps=_SAMPLE_WARPS, enable_fp_fusion=False,
     )
     return _merge_argmax(best, where, vocab, parts_p2)
 
 
 @triton.jit
-def _random_bits_kernel(seed_ptr, step_ptr, out_ptr, V, R: tl.constexpr):
+def _random_bits_kernel(seed_ptr, step_ptr, out_ptr, V, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     seed = tl.load(seed_ptr + row)
     step = tl.load(step_ptr + row)
-    group = tl.arange(0, R)
-    word = tl.arange(0, 4)[None, :]
-    lane0 = tl.zeros([R], tl.uint32)
-    for start in range(0, V, 4 * R):
-        o0, o1, o2, o3 = philox4x32((start // 4 + group).to(tl.uint32),
-                                    lane0 + (step & 0xFFFFFFFF).to(tl.uint32),
-                                    lane0 + ((step >> 32) & 0xFFFFFFFF).to(tl.uint32), lane0,
-                                    (seed & 0xFFFFFFFF).to(tl.uint32), ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
-        bits = tl.where(word == 0, o0[:, None], tl.where(word == 1, o1[:, None],
-                        tl.where(word == 2, o2[:, None], o3[:, None])))
-        ids = start + group[:, None] * 4 + word
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, V, BLOCK):
+        bits = _noise_words(start, (step & 0xFFFFFFFF).to(tl.uint32), ((step >> 32) & 0xFFFFFFFF).to(tl.uint32),
+                            (seed & 0xFFFFFFFF).to(tl.uint32), ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32), BLOCK // 4)
+        ids = start + offs
         tl.store(out_ptr + row.to(tl.int64) * V + ids, bits.to(tl.int64), mask=ids < V)
 
 
@@ -385,5 +392,5 @@ def random_bits(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.T
     out = torch.empty((seeds.shape[0], vocab), dtype=torch.int64, device=seeds.device)
     _, block, _, _ = _layout(vocab, _SAMPLE_SPLIT, _SAMPLE_BLOCK)
     _random_bits_kernel[(seeds.shape[0],)](seeds.to(torch.int64).contiguous(), steps.to(torch.int64).contiguous(),
-                                           out, vocab, R=block // 4)
+                                           out, vocab, BLOCK=block)
     return out

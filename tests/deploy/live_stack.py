@@ -1,15 +1,25 @@
-"""A real monitoring stack on loopback: redis-server, a fake upstream, `detgate backend` on
-the CPU with a tiny random-weight checkpoint, `detgate serve` in front of both, and a
-Prometheus server using the shipped scrape and alert config; plus a short mixed load.
+"""A real monitoring stack on loopback: redis-server, fake upstreams, `detgate backend` on
+the CPU with a tiny random-weight checkpoint, `detgate serve` in front of them all, and a
+Prometheus server using the shipped scrape and alert config; plus a load that makes every
+gateway panel move through real behaviour rather than made-up numbers.
+
+The upstreams, each a reused fake from tests/fakes:
+  fake    random text, slow enough to coalesce; told to fail now and then (500s)
+  noisy   flips its yes/no answer and sometimes breaks its JSON: votes and schema retries
+  flaky   500s and 429s at random (retries), and a scripted run of 500s (circuit breaker)
+  pinned  one fixed answer, probed by a canary, until its "model update" (drift)
+Tenant `batch` is rate limited, every upstream has only a few call slots (saturation), an
+entry is overwritten with another's in Redis (tamper), and Redis is killed (bypass).
 
 The dashboard tests use it; `PYTHONPATH=tests python3 -m deploy.live_stack SECONDS` keeps
-one running under load for that long (to look at, or to render screenshots from).
+one running under that load for that long (to look at, or to render screenshots from).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import itertools
 import os
 import subprocess
@@ -17,14 +27,18 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
 import openai
+import redis
 import yaml
+from fakes.faults import FaultPlan, Faults
 from fakes.loopback import LoopbackServer, free_port
-from fakes.openai_upstream import Behaviour, FakeUpstream
+from fakes.noisy_upstream import NoisyUpstream
+from fakes.openai_upstream import Behaviour, FakeUpstream, Noise
 from local_backend.random_checkpoint import numbered_tokenizer, write_checkpoint
 from redis_process import RedisProcess
 
@@ -34,15 +48,39 @@ REPO = DEPLOY.parent
 SCRAPE_INTERVAL_S = 1
 UPSTREAM_DELAY_S = 0.15
 SECRET = "live-stack-secret"
+APP_KEY, BATCH_KEY = "live-app-key", "live-batch-key"
 BACKEND_MODEL = "tiny"
 # Small enough to load and answer in milliseconds on a CPU; real safetensors all the same.
 TINY_QWEN3 = dict(arch="qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=16, tie=True, rope_theta=1e4)
+# Few enough call slots per upstream that a burst of distinct requests runs out of them;
+# the short queue times out before a slow upstream call frees a slot.
+UPSTREAM_SLOTS, UPSTREAM_QUEUE, QUEUE_TIMEOUT_S = 4, 2, 0.05
+BREAKER_FAILURES = 5
+BATCH_RATE_LIMIT = "1/2"  # per second / burst: a burst of four from tenant batch loses two
+VERDICT = {"type": "json_schema", "json_schema": {"name": "verdict", "strict": True, "schema": {
+    "type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "note": {"type": "string"}},
+    "required": ["answer"]}}}
+# The gateway's config file: what has no flag. Canaries run every second; votes compare
+# the noisy upstream's answers by their /answer only, as its notes always differ.
+GATEWAY_TOML = """
+canary_interval_s = 1.0
 
+[[canaries]]
+name = "greeting"
+model = "pinned/greeter"
+body = { messages = [{ role = "user", content = "Say hello." }] }
+
+[strategies."*judge*"]
+extractor = { json_pointer = "/answer" }
+"""
 
 # Long enough for identical concurrent requests to overlap and be coalesced.
 STEADY = Behaviour(delay_s=UPSTREAM_DELAY_S)
 FAILING = Behaviour(delay_s=UPSTREAM_DELAY_S, fail_status=500)
+# What the pinned model says before and after its provider updates it.
+BEFORE = Behaviour(answer="Hello! How can I help you today?", fingerprint="fp_pinned_0001")
+AFTER = Behaviour(answer="Hi there! What can I do for you?", fingerprint="fp_pinned_0002")
 
 
 @dataclasses.dataclass
@@ -51,6 +89,9 @@ class Stack:
     backend: str
     prometheus: str
     upstream: FakeUpstream
+    noisy: NoisyUpstream
+    flaky: Faults
+    pinned: FakeUpstream
     redis: RedisProcess
     logs: Path
 
@@ -105,33 +146,46 @@ def running() -> Iterator[Stack]:
         logs = tmp / "logs"
         logs.mkdir()
         gateway_port, backend_port, prom_port = free_port(), free_port(), free_port()
-        redis = stack.enter_context(RedisProcess(tmp / "redis"))
+        redis_server = stack.enter_context(RedisProcess(tmp / "redis"))
         upstream = FakeUpstream(behaviour=STEADY)
-        upstream_url = stack.enter_context(LoopbackServer(upstream.app())).url
+        noisy = NoisyUpstream(p_flip=0.3, p_invalid=0.3, seed=7)
+        # A short Retry-After keeps retried 429s quick.
+        flaky = Faults(FaultPlan(weights={"ok": 6, "500": 2, "429": 2}, retry_after=0.05), seed=11)
+        pinned = FakeUpstream(behaviour=BEFORE)
+        urls = {name: stack.enter_context(LoopbackServer(app)).url for name, app in (
+            ("fake", upstream.app()), ("noisy", noisy.app()), ("flaky", FakeUpstream(Noise(seed=11), faults=flaky).app()),
+            ("pinned", pinned.app()))}
         model = write_checkpoint(tmp / BACKEND_MODEL, TINY_QWEN3, numbered_tokenizer(512, ["<|im_start|>", "<|im_end|>"]),
                                  init_std=0.3)
+        config = tmp / "detgate.toml"
+        config.write_text(GATEWAY_TOML)
 
         # Every finished request is audited, so the audit panels have something to show.
         backend = _spawn(stack, logs, "backend", [
             sys.executable, "-m", "gateway", "backend", "--model", str(model), "--host", "127.0.0.1",
             "--port", str(backend_port), "--device", "cpu", "--audit-rate", "1", "--max-model-len", "256"])
         gateway = _spawn(stack, logs, "gateway", [
-            sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(gateway_port),
-            "--upstream", f"fake={upstream_url}/v1", "--upstream", f"local=http://127.0.0.1:{backend_port}/v1",
-            "--redis-url", redis.url, "--secret", SECRET])
+            sys.executable, "-m", "gateway", "serve", "--config", str(config), "--host", "127.0.0.1",
+            "--port", str(gateway_port), *(f for name, url in urls.items() for f in ("--upstream", f"{name}={url}/v1")),
+            "--upstream", f"local=http://127.0.0.1:{backend_port}/v1", "--redis-url", redis_server.url,
+            "--secret", SECRET, "--tenant", f"app={APP_KEY}", "--tenant", f"batch={BATCH_KEY}",
+            "--rate-limit", f"batch={BATCH_RATE_LIMIT}", "--upstream-concurrency", str(UPSTREAM_SLOTS),
+            "--upstream-queue", str(UPSTREAM_QUEUE), "--upstream-queue-timeout-s", str(QUEUE_TIMEOUT_S),
+            "--breaker-failures", str(BREAKER_FAILURES)])
         gateway_url = f"http://127.0.0.1:{gateway_port}"
         _wait_ready(f"{gateway_url}/healthz", gateway, logs / "gateway.log")
         # Importing torch alone can take tens of seconds on a cold, busy machine.
         _wait_ready(f"http://127.0.0.1:{backend_port}/healthz", backend, logs / "backend.log", timeout_s=120)
 
-        config = tmp / "prometheus.yml"
-        config.write_text(yaml.safe_dump(prometheus_config(f"127.0.0.1:{gateway_port}", f"127.0.0.1:{backend_port}")))
+        prom_config = tmp / "prometheus.yml"
+        prom_config.write_text(yaml.safe_dump(prometheus_config(f"127.0.0.1:{gateway_port}", f"127.0.0.1:{backend_port}")))
         prometheus = _spawn(stack, logs, "prometheus", [
-            "prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
+            "prometheus", f"--config.file={prom_config}", f"--storage.tsdb.path={tmp / 'data'}",
             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"])
         prom_url = f"http://127.0.0.1:{prom_port}"
         _wait_ready(f"{prom_url}/-/ready", prometheus, logs / "prometheus.log")
-        yield Stack(gateway_url, f"http://127.0.0.1:{backend_port}", prom_url, upstream, redis, logs)
+        yield Stack(gateway_url, f"http://127.0.0.1:{backend_port}", prom_url, upstream, noisy, flaky, pinned,
+                    redis_server, logs)
 
 
 def wait_for_scrapes(n: int = 2) -> None:
@@ -139,49 +193,112 @@ def wait_for_scrapes(n: int = 2) -> None:
     time.sleep(n * SCRAPE_INTERVAL_S + 0.5)
 
 
-async def drive(stack: Stack, rounds: int, tag: str) -> Counter:
-    """A mixed load through the official client: misses then hits, streams, dirty input that
-    canonicalization cleans, identical concurrent requests, embeddings, an upstream that
-    fails, bad input, a cache bypass, and the backend behind the gateway. Returns how many answers of each x-detgate-cache
-    status (or error status) it saw."""
-    seen: Counter = Counter()
-    client = openai.AsyncOpenAI(base_url=f"{stack.gateway}/v1", api_key="unused", max_retries=0)
-    chat = client.chat.completions.with_raw_response
+class Client:
+    """The official client for one tenant, counting what each kind of request got back:
+    seen[(kind, status)], where status is x-detgate-cache or the HTTP error status."""
 
-    async def ask(content, model="fake-model", **kw):
+    def __init__(self, stack: Stack, api_key: str, seen: Counter):
+        self.client = openai.AsyncOpenAI(base_url=f"{stack.gateway}/v1", api_key=api_key, max_retries=0)
+        self.seen = seen
+
+    async def ask(self, kind: str, content, model: str = "fake-model", **kw) -> openai.types.chat.ChatCompletion | None:
         try:
-            raw = await chat.create(model=model, messages=[{"role": "user", "content": content}], **kw)
+            raw = await self.client.chat.completions.with_raw_response.create(
+                model=model, messages=[{"role": "user", "content": content}], **kw)
         except openai.APIStatusError as exc:
-            seen[exc.status_code] += 1
-            return
+            self.seen[kind, exc.status_code] += 1
+            return None
+        self.seen[kind, raw.headers["x-detgate-cache"]] += 1
         if kw.get("stream"):
             async for _ in raw.parse():
                 pass
-        seen[raw.headers["x-detgate-cache"]] += 1
+            return None
+        return raw
 
-    async with client:
+    async def close(self) -> None:
+        await self.client.close()
+
+
+async def drive(stack: Stack, rounds: int, tag: str) -> Counter:
+    """A mixed load through the official client: misses then hits, streams, dirty input that
+    canonicalization cleans, default sampling parameters the policy rewrites, prompts with
+    today's date and a UUID, identical concurrent requests, embeddings, majority votes and
+    schema-checked answers from the noisy upstream, retried faults, a canary's upstream,
+    a burst past the upstream slots, a burst past tenant batch's rate limit, an upstream
+    that fails, bad input, a cache bypass, and the backend behind the gateway."""
+    seen: Counter = Counter()
+    app, batch = Client(stack, APP_KEY, seen), Client(stack, BATCH_KEY, seen)
+    ask = app.ask
+    try:
         for r in range(rounds):
             for i in range(4):
-                await ask(f"{tag} plain {r}.{i}")
-                await ask(f"{tag} plain {r}.{i}")
-            await ask(f"{tag} stream {r}", stream=True)
-            await ask(f"{tag} stream {r}", stream=True)
-            await ask(f"\ufeff{tag} dirty\r\n{r}\u200b", temperature=1.0)
-            await ask(f"{tag} dirty\n{r}", temperature=1)
-            await asyncio.gather(*(ask(f"{tag} together {r}") for _ in range(6)))
+                await ask("plain", f"{tag} plain {r}.{i}")
+                await ask("plain", f"{tag} plain {r}.{i}")
+            await ask("stream", f"{tag} stream {r}", stream=True)
+            await ask("stream", f"{tag} stream {r}", stream=True)
+            await ask("dirty", f"\ufeff{tag} dirty\r\n{r}\u200b", temperature=1.0)
+            await ask("dirty", f"{tag} dirty\n{r}", temperature=1)
+            await ask("hidden", f"{tag} what happened on {datetime.date.today().isoformat()}? request {uuid.uuid4()}")
+            await asyncio.gather(*(ask("together", f"{tag} together {r}") for _ in range(6)))
             for _ in range(2):
-                raw = await client.embeddings.with_raw_response.create(model="fake-embed", input=f"{tag} embed {r}")
-                seen[raw.headers["x-detgate-cache"]] += 1
+                raw = await app.client.embeddings.with_raw_response.create(model="fake-embed", input=f"{tag} embed {r}")
+                seen["embed", raw.headers["x-detgate-cache"]] += 1
+            for _ in range(2):
+                await ask("vote", f"{tag} is it so? {r}", model="noisy/judge", extra_headers={"x-detgate-vote": "3"})
+            for i in range(3):
+                await ask("schema", f"{tag} verdict {r}.{i}", model="noisy/judge", response_format=VERDICT)
+            for i in range(4):
+                await ask("flaky", f"{tag} flaky {r}.{i}", model="flaky/model")
+            await ask("pinned", f"{tag} greet {r}", model="pinned/greeter")
+            await asyncio.gather(*(ask("burst", f"{tag} burst {r}.{i}") for i in range(2 * UPSTREAM_SLOTS)))
+            await asyncio.gather(*(batch.ask("batch", f"{tag} batch {r}.{i}") for i in range(4)))
             for stream in (False, False, True):
-                await ask(f"t1 t2 t3 {tag} {r}", model=f"local/{BACKEND_MODEL}", max_tokens=8, stream=stream)
+                await ask("local", f"t1 t2 t3 {tag} {r}", model=f"local/{BACKEND_MODEL}", max_tokens=8, stream=stream)
             stack.upstream.behaviour = FAILING
-            await ask(f"{tag} doomed {r}")
+            await ask("doomed", f"{tag} doomed {r}")
             stack.upstream.behaviour = STEADY
-            await ask(f"{tag} no-store {r}", extra_headers={"x-detgate-cache-control": "no-store"})
+            await ask("no-store", f"{tag} no-store {r}", extra_headers={"x-detgate-cache-control": "no-store"})
             try:
-                await chat.create(model="fake-model", messages="not a list of messages")
+                await app.client.chat.completions.create(model="fake-model", messages="not a list of messages")
             except openai.BadRequestError as exc:
-                seen[exc.status_code] += 1
+                seen["bad", exc.status_code] += 1
+    finally:
+        await app.close()
+        await batch.close()
+    return seen
+
+
+async def incidents(stack: Stack, tag: str) -> Counter:
+    """What goes wrong once in a while, each through its real cause: the pinned model is
+    updated by its provider (a new fingerprint, and the canary's answer changes), the flaky
+    upstream fails often enough in a row to open its circuit breaker, and one stored entry is
+    overwritten with another's (which its MAC must catch)."""
+    seen: Counter = Counter()
+    app = Client(stack, APP_KEY, seen)
+    try:
+        stack.pinned.behaviour = AFTER
+        await app.ask("drifted", f"{tag} greet after the update", model="pinned/greeter")
+
+        # Every attempt of two requests fails: the breaker opens and refuses the third.
+        stack.flaky.script.extend(["500"] * BREAKER_FAILURES * 2)
+        for i in range(3):
+            await app.ask("breaker", f"{tag} breaker {i}", model="flaky/model")
+        stack.flaky.script.clear()
+
+        first = await app.ask("tamper", f"{tag} original")
+        second = await app.ask("tamper", f"{tag} target")
+        store = redis.Redis.from_url(stack.redis.url)
+        try:
+            # The store's entry names hold the key the gateway reports; the layout around it is its own.
+            (source,) = store.scan_iter(match=f"*{first.headers['x-detgate-key']}*")
+            (target,) = store.scan_iter(match=f"*{second.headers['x-detgate-key']}*")
+            store.set(target, store.get(source))
+        finally:
+            store.close()
+        await asyncio.sleep(1.2)  # past the near cache's 1 s reuse: the next read comes from Redis
+        await app.ask("tampered", f"{tag} target")
+    finally:
+        await app.close()
     return seen
 
 
@@ -189,9 +306,19 @@ if __name__ == "__main__":
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 300
     with running() as live:
         print(f"gateway {live.gateway}\nprometheus {live.prometheus}", flush=True)
-        end = time.monotonic() + seconds
+        start = time.monotonic()
+        # Incidents at a third of the run, Redis lost for the last fifth: the screenshots
+        # show each panel before and after.
+        happened = False
         for n in itertools.count():
-            if time.monotonic() > end:
+            elapsed = time.monotonic() - start
+            if elapsed > seconds:
                 break
+            if not happened and elapsed > seconds / 3:
+                print("incidents", dict(asyncio.run(incidents(live, f"demo{os.getpid()}"))), flush=True)
+                happened = True
+            if live.redis.running and elapsed > 0.8 * seconds:
+                live.redis.kill9()
+                print("redis killed", flush=True)
             print(dict(asyncio.run(drive(live, 1, f"demo{os.getpid()}-{n}"))), flush=True)
             time.sleep(1)
