@@ -10,7 +10,8 @@ atomics and nothing shared between rows.
 Top-k / top-p need the boundary of the kept prefix first: one program per row
 finds it by bisection over an order-preserving int32 image of the fp32 scores
 (at most 32 passes over the row), then counts boundary ties per split so that the
-split programs can rank ties by token id.
+split programs can rank ties by token id. Rows without a filter skip that ranking
+inside the sampler's loop.
 """
 from __future__ import annotations
 
@@ -20,8 +21,11 @@ import triton.language as tl
 
 from kernels.philox import philox4x32, uniform_open
 
-# Split / chunk sizes and warps; they fix each row's reduction order, so changing
-# them changes low bits (and KERNEL_VERSION should move with them).
+# Split / chunk sizes and warps. The _REDUCE_* and _THRESHOLD_* ones fix the order of
+# floating-point sums (logsumexp, top-p mass), so changing them changes low bits and
+# KERNEL_VERSION must move with them. argmax and the sampler's pick are exact selections
+# (max, ties to the lowest id) over per-token scores, so for them the sizes only decide
+# which program looks at which token.
 _REDUCE_SPLIT = 8192
 _REDUCE_BLOCK = 4096
 _REDUCE_WARPS = 8
@@ -210,8 +214,9 @@ def _scaled_chunk(base, ids, V, inverse):
 
 
 @triton.jit
-def _mass_from(base, V, inverse, row_max, threshold, BLOCK: tl.constexpr):
-    """(count, sum of exp(s - row_max)) over the tokens whose key >= threshold."""
+def _mass_from(base, V, inverse, row_max, threshold, with_mass, BLOCK: tl.constexpr):
+    """(count, sum of exp(s - row_max)) over the tokens whose key >= threshold; the sum
+    stays 0 unless with_mass (top-k alone needs only the count, and the exp is most of a pass)."""
     offs = tl.arange(0, BLOCK)
     count = tl.zeros([BLOCK], tl.int32)
     mass = tl.zeros([BLOCK], tl.float32)
@@ -219,7 +224,8 @@ def _mass_from(base, V, inverse, row_max, threshold, BLOCK: tl.constexpr):
         s, valid = _scaled_chunk(base, start + offs, V, inverse)
         inside = valid & (_order_key(s) >= threshold)
         count += inside.to(tl.int32)
-        mass += tl.where(inside, tl.exp(s - row_max), 0.0)
+        if with_mass:
+            mass += tl.where(inside, tl.exp(s - row_max), 0.0)
     return tl.sum(count, axis=0), tl.sum(mass, axis=0)
 
 
@@ -257,7 +263,7 @@ def _threshold_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, state_i_ptr
         hi = _order_key(row_max).to(tl.int64) + 1
         while hi - lo > 1:
             mid = lo + (hi - lo) // 2
-            count, mass = _mass_from(base, V, inverse, row_max, mid.to(tl.int32), BLOCK)
+            count, mass = _mass_from(base, V, inverse, row_max, mid.to(tl.int32), p_on, BLOCK)
             if (k_on & (count >= top_k)) | (p_on & (mass >= needed_mass)):
                 lo = mid
             else:

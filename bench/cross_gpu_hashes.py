@@ -1,0 +1,97 @@
+"""Digests of every invariant kernel's output on fixed inputs, to compare GPUs bit for bit.
+
+Inputs come from a CPU generator with a fixed seed, so every machine feeds the kernels the
+same bits; the script prints one sha256 per (op, shape) and writes them as JSON. Run it on
+two GPUs and diff the files: equal digests mean bit-identical results across the chips.
+
+    python3 bench/cross_gpu_hashes.py --out bench/results/hashes_h100.json
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+
+import torch
+
+import kernels
+
+# Where the kernels run; "cpu" gives a dry run of the script on the torch references.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+
+
+def inputs(seed: int, *shape, dtype=torch.bfloat16) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float32).to(dtype).to(DEVICE)
+
+
+def matmuls() -> dict[str, str]:
+    out = {}
+    for m, k, n in [(1, 4096, 4096), (64, 4096, 14336), (1024, 14336, 4096), (4096, 4096, 4096)]:
+        a, w = inputs(m * 7 + 1, m, k), inputs(k * 3 + n, n, k)
+        out[f"matmul M={m} K={k} N={n}"] = digest(kernels.matmul(a, w.t()))
+    return out
+
+
+def norms() -> dict[str, str]:
+    x, res, w = inputs(11, 2048, 4096), inputs(12, 2048, 4096), inputs(13, 4096)
+    normed, new_res = kernels.rms_norm_residual(x, res, w, 1e-6)
+    return {"rms_norm 2048x4096": digest(kernels.rms_norm(x, w, 1e-6)),
+            "rms_norm_residual 2048x4096": digest(torch.cat([normed, new_res]))}
+
+
+def attention() -> dict[str, str]:
+    heads, kv_heads, dim, page = 32, 8, 128, 16
+    lens = [1, 200, 1500, 5000]             # kv lengths; the last rows are each sequence's queries
+    q_lens = [1, 200, 37, 1]                # decode, full prefill, chunk over a cached prefix, decode
+    blocks = sum((n + page - 1) // page for n in lens)
+    k_cache, v_cache = inputs(21, blocks, page, kv_heads, dim), inputs(22, blocks, page, kv_heads, dim)
+    perm = torch.randperm(blocks, generator=torch.Generator().manual_seed(23))
+    table = torch.zeros(len(lens), max((n + page - 1) // page for n in lens), dtype=torch.int32)
+    at = 0
+    for s, n in enumerate(lens):
+        used = (n + page - 1) // page
+        table[s, :used] = perm[at:at + used].to(torch.int32)
+        at += used
+    q = inputs(24, sum(q_lens), heads, dim)
+    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    o = kernels.paged_attention(q, k_cache, v_cache, table.to(DEVICE), cu.to(DEVICE), torch.tensor(lens, dtype=torch.int32).to(DEVICE),
+                                max_q_len=max(q_lens), max_kv_len=max(lens))
+    return {"paged_attention mixed batch": digest(o)}
+
+
+def sampling() -> dict[str, str]:
+    b, vocab = 64, 152064
+    logits = inputs(31, b, vocab, dtype=torch.float32)
+    seeds = torch.arange(b, dtype=torch.int64).to(DEVICE) * 1_000_003
+    steps = torch.arange(b, dtype=torch.int64).to(DEVICE) % 7
+    temperature = torch.full((b,), 0.8).to(DEVICE)
+    top_k = torch.tensor([0, 50] * (b // 2), dtype=torch.int32).to(DEVICE)
+    top_p = torch.tensor([1.0, 0.9, 0.5, 1.0] * (b // 4)).to(DEVICE)
+    return {"log_softmax 64x152064": digest(kernels.log_softmax(logits)),
+            "argmax 64x152064": digest(kernels.argmax(logits)),
+            "sample 64x152064": digest(kernels.sample(logits, seeds, steps, temperature, top_k, top_p))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    kernels.set_mode("invariant")
+    result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
+              "kernel_version": kernels.KERNEL_VERSION, "digests": {}}
+    for part in (matmuls, norms, attention, sampling):
+        result["digests"].update(part())
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"{result['device']}  torch {result['torch']}")
+    for name, value in result["digests"].items():
+        print(f"{name:40s} {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Static cost of the sampling kernels on Hopper, measured without a GPU.
+
+Compiles each kernel for sm_90 with the ptxas that ships with Triton (no device
+needed), as the launcher would specialize it at V = 152064 (pointers, row stride
+and V divisible by 16), disassembles it and counts registers, instructions,
+barriers, special-function (MUFU) and the multiply-add instructions that carry
+the logs (FFMA) and Philox (IMAD). For the longest loop it also gives the body's
+length and the spans that forward branches inside it can skip (in the sampler:
+the noise, skipped for greedy rows, and the tie ranking, skipped for rows
+without top-k/top-p). Counts are not timings: they show where a
+kernel's work goes, and that it still compiles for the GPU, on a machine without
+one; speed is measured by bench/kernels_sampling.py on a GPU.
+
+    python3 bench/kernels_sass.py [--out bench/results]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels import sampling_triton as st  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+NV_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+ARG_TYPES = {  # name -> Triton type, for every argument name the sampling kernels use
+    "stride": "i32", "V": "i32", "S": "i32", "seed_ptr": "*i64", "step_ptr": "*i64", "temp_ptr": "*fp32",
+    "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "state_i_ptr": "*i32", "state_f_ptr": "*fp32",
+    "ties_ptr": "*i32", "best_ptr": "*fp32", "where_ptr": "*i32", "m_ptr": "*fp32", "z_ptr": "*fp32",
+}
+# (name, kernel, constexprs, launch options), sizes as the wrappers pick them at V = 152064
+KERNELS = (
+    ("sample partial", st._sample_partial_kernel, {"SPLIT": 4096, "BLOCK": 2048},
+     {"num_warps": st._SAMPLE_WARPS, "enable_fp_fusion": False}),
+    ("top-k/top-p threshold", st._threshold_kernel, {"SPLIT": 4096, "BLOCK": 2048, "SP": 64},
+     {"num_warps": st._THRESHOLD_WARPS, "enable_fp_fusion": False}),
+    ("argmax partial", st._argmax_partial_kernel, {"SPLIT": 8192, "BLOCK": 4096}, {"num_warps": st._REDUCE_WARPS}),
+    ("logsumexp partial", st._lse_partial_kernel, {"SPLIT": 8192, "BLOCK": 4096}, {"num_warps": st._REDUCE_WARPS}),
+)
+_INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_BRANCH = re.compile(r"\bBRA\s+`\((\.L_x_\d+)\)")
+
+
+def loop_spans(sass: str) -> tuple[int, list[int]]:
+    """(instructions in the longest loop body, instructions skipped by each forward branch inside it)."""
+    labels, branches, n = {}, [], 0
+    for line in sass.splitlines():
+        if label := _LABEL.match(line):
+            labels[label.group(1)] = n
+        elif _INSTRUCTION.match(line):
+            n += 1
+            if branch := _BRANCH.search(line):
+                branches.append((n - 1, branch.group(1)))
+    # (a branch to itself is the trap after EXIT, not a loop)
+    loops = [(labels[t], at) for at, t in branches if t in labels and labels[t] < at]
+    if not loops:
+        return 0, []
+    head, tail = max(loops, key=lambda loop: loop[1] - loop[0])
+    skips = [labels[t] - at - 1 for at, t in branches if head <= at < tail and at < labels.get(t, -1) <= tail]
+    return tail - head + 1, [s for s in skips if s > 0]
+
+
+def compile_sm90(kernel, dtype: str, constexprs: dict, options: dict) -> bytes:
+    names = list(inspect.signature(kernel.fn).parameters)
+    signature = {n: "constexpr" if n in constexprs else ARG_TYPES.get(n, f"*{dtype}") for n in names}
+    # What the launcher's specialization gives at V = 152064: all of these divisible by 16.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if signature[n].startswith("*") or n in ("stride", "V")}
+    source = ASTSource(kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=TARGET, options=options).asm["cubin"]
+
+
+def count(cubin: bytes) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([NV_BIN / "nvdisasm", "-c", f.name], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([NV_BIN / "cuobjdump", "--dump-resource-usage", f.name], capture_output=True,
+                               text=True, check=True).stdout
+    ops = [m.group(1) for line in sass.splitlines() if (m := _INSTRUCTION.match(line))]
+    kinds = collections.Counter(ops)
+    body, skips = loop_spans(sass)
+    return {
+        "registers": int(re.search(r"REG:(\d+)", usage).group(1)),
+        "stack_bytes": int(re.search(r"STACK:(\d+)", usage).group(1)),
+        "instructions": len(ops),
+        "loop_body": body,
+        "loop_skippable": skips,
+        "barriers": kinds["BAR"],
+        "mufu": kinds["MUFU"],
+        "ffma": kinds["FFMA"],
+        "imad": kinds["IMAD"],
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "# Sampling kernels: static cost on sm_90 (compiled without a GPU)",
+        "",
+        f"Triton {triton.__version__}, ptxas from its wheel; specialized as at V = 152064. Counts, not timings.",
+        "",
+        "| kernel | dtype | registers | stack B | SASS instructions | longest loop body | of it skippable | BAR | MUFU | FFMA | IMAD |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['kernel']} | {r['dtype']} | {r['registers']} | {r['stack_bytes']} | {r['instructions']} "
+                     f"| {r['loop_body'] or '-'} | {', '.join(map(str, r['loop_skippable'])) or '-'} | {r['barriers']} | {r['mufu']} | {r['ffma']} | {r['imad']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
+    rows = []
+    for name, kernel, constexprs, options in KERNELS:
+        for dtype in ("bf16", "fp32"):
+            rows.append({"kernel": name, "dtype": dtype, **count(compile_sm90(kernel, dtype, constexprs, options))})
+            print(rows[-1], flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels_sass.json").write_text(json.dumps({"triton": triton.__version__, "rows": rows}, indent=1))
+    md = markdown(rows)
+    (out / "kernels_sass.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
