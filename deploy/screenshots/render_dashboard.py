@@ -107,11 +107,13 @@ def no_data(ax) -> None:
     ax.text(0.5, 0.45, "No data", ha="center", va="center", color=MUTED, fontsize=11, transform=ax.transAxes)
 
 
-def draw_timeseries(ax, series, defaults) -> None:
+def draw_timeseries(ax, series, defaults, start: float, end: float) -> None:
     unit = defaults.get("unit")
     for i, (name, ts, vs) in enumerate(series):
         ax.plot([dt.datetime.fromtimestamp(t, dt.timezone.utc) for t in ts], vs, color=PALETTE[i % len(PALETTE)],
                 lw=1.4, label=name)
+    # The dashboard's whole time range, as Grafana shows it, even where a series starts late.
+    ax.set_xlim(dt.datetime.fromtimestamp(start, dt.timezone.utc), dt.datetime.fromtimestamp(end, dt.timezone.utc))
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt(v, unit)))
     ax.tick_params(colors=MUTED, labelsize=6.5)
@@ -136,7 +138,7 @@ def draw_stat(ax, series, defaults, named: bool) -> None:
 
 def draw_table(ax, series, defaults) -> None:
     ax.axis("off")
-    rows = [(name, fmt(last_finite(vs), defaults.get("unit"))) for name, _, vs in series]
+    rows = [(name, fmt(last_finite(vs), defaults.get("unit"), defaults.get("decimals"))) for name, _, vs in series]
     for i, (name, value) in enumerate(rows[:8]):
         y = 0.85 - i * 0.11
         ax.text(0.02, y, name, color=TEXT, fontsize=7, transform=ax.transAxes)
@@ -155,7 +157,7 @@ def draw_heatmap(ax, series, defaults) -> None:
     ax.set_xticks([])
 
 
-def draw(panel: dict, ax, series: list) -> None:
+def draw(panel: dict, ax, series: list, start: float, end: float) -> None:
     defaults = panel.get("fieldConfig", {}).get("defaults", {})
     ax.set_facecolor(PANEL)
     ax.set_title(panel["title"], loc="left", color=TEXT, fontsize=8.5, pad=4)
@@ -171,7 +173,10 @@ def draw(panel: dict, ax, series: list) -> None:
         named = any("{{" in t.get("legendFormat", "") for t in panel["targets"])
         draw_stat(ax, series, defaults, named)
         return
-    {"timeseries": draw_timeseries, "table": draw_table, "heatmap": draw_heatmap}[panel["type"]](ax, series, defaults)
+    if panel["type"] == "timeseries":
+        draw_timeseries(ax, series, defaults, start, end)
+        return
+    {"table": draw_table, "heatmap": draw_heatmap}[panel["type"]](ax, series, defaults)
 
 
 def render(dashboard: dict, prometheus: str, start: float, end: float, out: Path, rate_interval: str) -> None:
@@ -193,7 +198,7 @@ def render(dashboard: dict, prometheus: str, start: float, end: float, out: Path
             continue
         # Leave room inside the cell for the title, the tick labels and the gap between panels.
         ax = fig.add_axes((left + 0.035 * w + 0.012, top - h + 0.28 / height, w * 0.965 - 0.02, h - 0.62 / height))
-        draw(p, ax, run_queries(p, prometheus, start, end, step, rate_interval))
+        draw(p, ax, run_queries(p, prometheus, start, end, step, rate_interval), start, end)
     fig.savefig(out, dpi=80, facecolor=BG)
     plt.close(fig)
 

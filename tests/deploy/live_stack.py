@@ -78,9 +78,12 @@ extractor = { json_pointer = "/answer" }
 # Long enough for identical concurrent requests to overlap and be coalesced.
 STEADY = Behaviour(delay_s=UPSTREAM_DELAY_S)
 FAILING = Behaviour(delay_s=UPSTREAM_DELAY_S, fail_status=500)
-# What the pinned model says before and after its provider updates it.
-BEFORE = Behaviour(answer="Hello! How can I help you today?", fingerprint="fp_pinned_0001")
-AFTER = Behaviour(answer="Hi there! What can I do for you?", fingerprint="fp_pinned_0002")
+GREETINGS = ("Hello! How can I help you today?", "Hi there! What can I do for you?", "Hey! What do you need?")
+
+
+def pinned_build(n: int) -> Behaviour:
+    """The pinned model as its provider serves it after n updates: one fixed answer per build."""
+    return Behaviour(answer=GREETINGS[n % len(GREETINGS)], fingerprint=f"fp_pinned_{n:04d}")
 
 
 @dataclasses.dataclass
@@ -151,7 +154,7 @@ def running() -> Iterator[Stack]:
         noisy = NoisyUpstream(p_flip=0.3, p_invalid=0.3, seed=7)
         # A short Retry-After keeps retried 429s quick.
         flaky = Faults(FaultPlan(weights={"ok": 6, "500": 2, "429": 2}, retry_after=0.05), seed=11)
-        pinned = FakeUpstream(behaviour=BEFORE)
+        pinned = FakeUpstream(behaviour=pinned_build(0))
         urls = {name: stack.enter_context(LoopbackServer(app)).url for name, app in (
             ("fake", upstream.app()), ("noisy", noisy.app()), ("flaky", FakeUpstream(Noise(seed=11), faults=flaky).app()),
             ("pinned", pinned.app()))}
@@ -268,25 +271,25 @@ async def drive(stack: Stack, rounds: int, tag: str) -> Counter:
     return seen
 
 
-async def incidents(stack: Stack, tag: str) -> Counter:
-    """What goes wrong once in a while, each through its real cause: the pinned model is
-    updated by its provider (a new fingerprint, and the canary's answer changes), the flaky
-    upstream fails often enough in a row to open its circuit breaker, and one stored entry is
-    overwritten with another's (which its MAC must catch)."""
+async def incidents(stack: Stack, tag: str, update: int) -> Counter:
+    """What goes wrong once in a while, each through its real cause: the pinned model gets
+    its `update`-th update from its provider (a new fingerprint, and the canary's answer
+    changes), the flaky upstream fails often enough in a row to open its circuit breaker, and
+    one stored entry is overwritten with another's (which its MAC must catch)."""
     seen: Counter = Counter()
     app = Client(stack, APP_KEY, seen)
     try:
-        stack.pinned.behaviour = AFTER
-        await app.ask("drifted", f"{tag} greet after the update", model="pinned/greeter")
+        stack.pinned.behaviour = pinned_build(update)
+        await app.ask("drifted", f"{tag} greet after update {update}", model="pinned/greeter")
 
         # Every attempt of two requests fails: the breaker opens and refuses the third.
         stack.flaky.script.extend(["500"] * BREAKER_FAILURES * 2)
         for i in range(3):
-            await app.ask("breaker", f"{tag} breaker {i}", model="flaky/model")
+            await app.ask("breaker", f"{tag} breaker {update}.{i}", model="flaky/model")
         stack.flaky.script.clear()
 
-        first = await app.ask("tamper", f"{tag} original")
-        second = await app.ask("tamper", f"{tag} target")
+        first = await app.ask("tamper", f"{tag} original {update}")
+        second = await app.ask("tamper", f"{tag} target {update}")
         store = redis.Redis.from_url(stack.redis.url)
         try:
             # The store's entry names hold the key the gateway reports; the layout around it is its own.
@@ -296,7 +299,7 @@ async def incidents(stack: Stack, tag: str) -> Counter:
         finally:
             store.close()
         await asyncio.sleep(1.2)  # past the near cache's 1 s reuse: the next read comes from Redis
-        await app.ask("tampered", f"{tag} target")
+        await app.ask("tampered", f"{tag} target {update}")
     finally:
         await app.close()
     return seen
@@ -307,16 +310,16 @@ if __name__ == "__main__":
     with running() as live:
         print(f"gateway {live.gateway}\nprometheus {live.prometheus}", flush=True)
         start = time.monotonic()
-        # Incidents at a third of the run, Redis lost for the last fifth: the screenshots
-        # show each panel before and after.
-        happened = False
+        # Incidents at a third and at half of the run, Redis lost for the last fifth: the
+        # screenshots show each panel before and after.
+        updates = 0
         for n in itertools.count():
             elapsed = time.monotonic() - start
             if elapsed > seconds:
                 break
-            if not happened and elapsed > seconds / 3:
-                print("incidents", dict(asyncio.run(incidents(live, f"demo{os.getpid()}"))), flush=True)
-                happened = True
+            if updates < 2 and elapsed > seconds * (updates + 2) / 6:
+                updates += 1
+                print("incidents", dict(asyncio.run(incidents(live, f"demo{os.getpid()}", updates))), flush=True)
             if live.redis.running and elapsed > 0.8 * seconds:
                 live.redis.kill9()
                 print("redis killed", flush=True)

@@ -17,8 +17,9 @@ class Metric:
         return (name,)
 
 
-# Issue 2: exported by every gateway today; the live test requires data for these.
-GATEWAY_CORE = {
+# Everything the gateway exports; under the live stack's load each one has data.
+GATEWAY = {
+    # Issue 2: traffic, cache and upstreams.
     "detgate_requests_total": Metric("counter", ("route", "model", "cache", "code")),
     "detgate_request_duration_seconds": Metric("histogram", ("route", "cache")),
     "detgate_upstream_requests_total": Metric("counter", ("upstream", "code")),
@@ -28,23 +29,22 @@ GATEWAY_CORE = {
     "detgate_canonical_rules_total": Metric("counter", ("rule",)),
     "detgate_cache_entries_bytes": Metric("gauge"),
     "detgate_inflight_requests": Metric("gauge"),
-}
-
-# Issues 5 and 7: votes, schema retries, drift, reliability.
-GATEWAY_LATER = {
+    # Issue 5: de-randomization, hidden variables, votes, schema retries, drift and canaries.
+    "detgate_param_rewrites_total": Metric("counter", ("param",)),
+    "detgate_hidden_variables_total": Metric("counter", ("kind",)),
     "detgate_vote_total": Metric("counter", ("model", "outcome")),
     "detgate_vote_agreement": Metric("histogram"),
     "detgate_schema_attempts_total": Metric("counter", ("model", "result")),
     "detgate_drift_events_total": Metric("counter", ("upstream", "model", "kind")),
     "detgate_canary_status": Metric("gauge", ("canary",)),
-    "detgate_hidden_variables_total": Metric("counter", ("kind",)),
-    "detgate_param_rewrites_total": Metric("counter", ("param",)),
-    "detgate_cache_bypass_total": Metric("counter", ("reason",)),
-    "detgate_circuit_open": Metric("gauge", ("upstream",)),
-    "detgate_rate_limited_total": Metric("counter", ("tenant",)),
-    "detgate_cache_tamper_total": Metric("counter"),
+    "detgate_canary_runs_total": Metric("counter", ("canary", "result")),
+    # Issue 7: reliability, limits and cache integrity.
     "detgate_upstream_retries_total": Metric("counter", ("upstream", "reason")),
     "detgate_upstream_saturated_total": Metric("counter", ("upstream", "why")),
+    "detgate_circuit_open": Metric("gauge", ("upstream",)),
+    "detgate_rate_limited_total": Metric("counter", ("tenant",)),
+    "detgate_cache_bypass_total": Metric("counter", ("reason",)),
+    "detgate_cache_tamper_total": Metric("counter"),
 }
 
 # Issue 4: the whitebox backend.
@@ -62,7 +62,7 @@ BACKEND = {
     "detgate_backend_audit_total": Metric("counter", ("result",)),
 }
 
-ALL = {**GATEWAY_CORE, **GATEWAY_LATER, **BACKEND}
+ALL = {**GATEWAY, **BACKEND}
 
 # Labels Prometheus attaches to every scraped series, and the bucket bound of histograms.
 TARGET_LABELS = ("job", "instance")

@@ -1,0 +1,347 @@
+"""Batch-invariant paged attention and KV-cache writes in Triton.
+
+Why a row's bits depend only on its own query and its own sequence's KV:
+- Every program holds exactly BLOCK_M query rows, (position, head) pairs of one
+  sequence and one KV head, padded with zero rows. Query tiles are aligned to
+  absolute positions too (tile j holds positions [j*BLOCK_Q, (j+1)*BLOCK_Q)),
+  so a row sits at the same place in its tile whether it is decoded alone or
+  prefilled inside any chunk: the result then cannot depend on a row's place in
+  the matrix unit (the CPU interpreter's BLAS does depend on it). The dot shapes
+  along D and along the KV tile never change.
+- KV is walked in tiles of BLOCK_N aligned to ABSOLUTE positions, grouped into
+  splits of a fixed KV_SPLIT tokens (a fixed size, never a fixed count). Inside
+  a split: online softmax over its tiles in order. Masked scores are -inf and
+  become exact zeros, so a tile past a row's own position leaves its state
+  bit-for-bit unchanged; that is why rows of different lengths can share a
+  program. KV past a sequence's length is read as 0, never from the cache, so
+  stale memory (even NaN) cannot leak in through 0 * NaN.
+- Splits are folded in order 0, 1, 2, ... with one formula, `_fold`, written
+  with explicit fma so the compiler cannot contract it differently in the two
+  kernels that use it. Folding the first split into the empty state is exact,
+  so "fold every split in one program" (prefill) and "one split per program,
+  then fold the stored partials" (decode, and batches too small to fill the
+  GPU) give identical bits; the wrapper picks whichever fills the GPU better.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+# The constants that fix every row's summation order. Changing any of them
+# changes output bits, so they are part of the kernel version.
+BLOCK_N = 64      # KV positions per tile
+KV_SPLIT = 512    # KV positions per split (a multiple of BLOCK_N)
+NUM_STAGES = 2
+# (max of max_q_len, BLOCK_M query rows per program, num_warps): first row that fits wins.
+# BLOCK_M only decides which rows share a program; bench/kernels_attention.py checks on
+# the GPU that every row here gives the same bits as the first (on an H100 with Triton
+# 3.6, BLOCK_M 64/128 and 4/8 warps all did; 16 and 32 rows did not).
+CONFIGS = ((1024, 64, 4), (1 << 62, 128, 8))
+
+# The partials buffer of the split path is T*H*splits*D fp32; past this size
+# the fold-in-program path runs instead (same bits, no buffer).
+_MAX_PARTIALS_BYTES = 1 << 30
+# (token, head) rows per program of the partials fold: its cost on a GPU is the serial
+# chain, so narrow programs; the CPU interpreter pays per program, so wide ones there.
+# The fold is elementwise per row, so the width never changes bits.
+_FOLD_ROWS = {"cuda": 8, "cpu": 64}
+_FOLD_UNROLL = 8  # splits whose partials are loaded together, so their loads overlap
+
+
+@triton.jit
+def _seq_of(cu_ptr, idx, S, n_iter):
+    """Largest s in [0, S] with cu[s] <= idx (binary search over a prefix sum); idx may be a vector."""
+    lo = idx * 0
+    hi = lo + S
+    for _ in range(n_iter):
+        mid = (lo + hi + 1) // 2
+        go = tl.load(cu_ptr + mid) <= idx
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def _fold(M, L, O, m, l, acc):
+    """Merge one split's (max, sum, unnormalized output) into the running state, base-2 logits."""
+    M_new = tl.maximum(M, m)
+    M_ref = tl.where(M_new == float("-inf"), 0.0, M_new)
+    a = tl.exp2(M - M_ref)
+    b = tl.exp2(m - M_ref)
+    L = tl.fma(L, a, l * b)
+    O = tl.fma(O, a[:, None], acc * b[:, None])
+    return M_new, L, O
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_ml_ptr,
+    block_tables_ptr, cu_q_ptr, kv_lens_ptr, cu_tiles_ptr,
+    S, n_iter, scale_log2, kv_split, split_per_program, decode_only,
+    stride_qt, stride_qh,
+    stride_kb, stride_kp, stride_kh,
+    stride_vb, stride_vp, stride_vh,
+    stride_ot, stride_oh,
+    stride_bt,
+    stride_pt, stride_ph, stride_ps,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, G: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    BLOCK_Q: tl.constexpr = BLOCK_M // G
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    # Decode-only batches have one tile per sequence: no tile offsets, one launch fewer.
+    if decode_only:
+        seq = tile
+    else:
+        seq = _seq_of(cu_tiles_ptr, tile, S, n_iter)
+    live = seq < S
+    seq = tl.minimum(seq, S - 1)
+    q_start = tl.load(cu_q_ptr + seq)
+    # (Scalar conditions are folded into bounds rather than and-ed into masks: the
+    # interpreter turns `tensor & scalar` into integers.)
+    q_len = tl.where(live, tl.load(cu_q_ptr + seq + 1) - q_start, 0)
+    kv_len = tl.load(kv_lens_ptr + seq)
+    q_first = kv_len - q_len                         # absolute position of the sequence's first query
+    if decode_only:
+        tile_in_seq = tile * 0
+    else:
+        tile_in_seq = tile - tl.load(cu_tiles_ptr + seq)
+    first = (q_first // BLOCK_Q + tile_in_seq) * BLOCK_Q
+
+    rows = tl.arange(0, BLOCK_M)
+    pos = first + rows // G                          # absolute position of each query row
+    tok = pos - q_first
+    head = kv_head * G + rows % G
+    row_ok = (tok >= 0) & (tok < q_len)
+    last_pos = tl.where(live, tl.minimum(first + BLOCK_Q, kv_len) - 1, -1)
+
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    # Split path: this program does split `split` only; fold path: all splits of its rows.
+    if split_per_program:
+        s_lo = split
+        s_hi = tl.where(split * kv_split <= last_pos, split + 1, split)
+    else:
+        s_lo = split * 0
+        s_hi = tl.where(last_pos >= 0, last_pos // kv_split + 1, 0)
+
+    M = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    L = tl.zeros([BLOCK_M], tl.float32)
+    O = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m = M
+    l = L
+    acc = O
+    bt = block_tables_ptr + seq * stride_bt
+    for sp in range(s_lo, s_hi):
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        start = sp * kv_split
+        end = tl.minimum(start + kv_split, last_pos + 1)
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = n < kv_len
+            page = tl.load(bt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+            slot = n % PAGE
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_ptr + page[:, None] * stride_kb + slot[:, None] * stride_kp
+                        + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k)) * scale_log2
+            s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m - m_ref)
+            p = tl.exp2(s - m_ref[:, None])
+            l = l * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + page[:, None] * stride_vb + slot[:, None] * stride_vp
+                        + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            m = m_new
+        M, L, O = _fold(M, L, O, m, l, acc)
+
+    if split_per_program:
+        # A single split folded into the empty state is exactly (m, l, acc): store the raw partial.
+        part = (q_start + tok)[:, None] * stride_pt + head[:, None] * stride_ph + split * stride_ps
+        keep = row_ok & (tok < tl.where(s_hi > s_lo, q_len, 0))
+        tl.store(part_o_ptr + part + d[None, :], acc, mask=keep[:, None] & d_ok[None, :])
+        # part_ml is [T, H, splits, 2], indexed like part_o without its last (BLOCK_D) axis.
+        tl.store(part_ml_ptr + part // BLOCK_D * 2, m[:, None], mask=keep[:, None])
+        tl.store(part_ml_ptr + part // BLOCK_D * 2 + 1, l[:, None], mask=keep[:, None])
+    else:
+        o = tl.div_rn(O, tl.where(L > 0, L, 1.0)[:, None])  # L == 0 only on padding rows
+        tl.store(o_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _fold_partials_kernel(
+    o_ptr, part_o_ptr, part_ml_ptr, cu_q_ptr, kv_lens_ptr,
+    S, n_iter, kv_split, n_rows,
+    stride_ot, stride_oh, stride_pt, stride_ph, stride_ps,
+    H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    UNROLL: tl.constexpr,
+):
+    # Rows are (token, head) pairs; each folds its own splits 0..pos // kv_split. A row
+    # that has run out of splits folds the empty split (-inf, 0, 0): an exact no-op.
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    t = r // H
+    h = r % H
+    seq = tl.minimum(_seq_of(cu_q_ptr, t, S, n_iter), S - 1)
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    pos = tl.load(kv_lens_ptr + seq) - q_len + (t - q_start)
+    n_splits = tl.where(r < n_rows, pos // kv_split + 1, 0)
+
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    M = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    L = tl.zeros([BLOCK_R], tl.float32)
+    O = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    # The fold is a serial chain; unrolling lets the loads of UNROLL splits be in flight at once.
+    for group in range(0, tl.cdiv(tl.max(n_splits, 0), UNROLL)):
+        for i in tl.static_range(UNROLL):
+            sp = group * UNROLL + i
+            take = sp < n_splits
+            part = t * stride_pt + h * stride_ph + sp * stride_ps
+            acc = tl.load(part_o_ptr + part[:, None] + d[None, :], mask=take[:, None] & d_ok[None, :], other=0.0)
+            m = tl.load(part_ml_ptr + part // BLOCK_D * 2, mask=take, other=float("-inf"))
+            l = tl.load(part_ml_ptr + part // BLOCK_D * 2 + 1, mask=take, other=0.0)
+            M, L, O = _fold(M, L, O, m, l, acc)
+    o = tl.div_rn(O, tl.where(L > 0, L, 1.0)[:, None])  # L == 0 only on rows never stored
+    tl.store(o_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :],
+             o.to(o_ptr.dtype.element_ty), mask=(n_splits > 0)[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _tile_offsets_kernel(cu_q_ptr, kv_lens_ptr, cu_tiles_ptr, S, BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr):
+    """cu_tiles[s+1] = number of position-aligned query tiles of sequences 0..s (one launch, no sync)."""
+    s = tl.arange(0, BLOCK_S)
+    ok = s < S
+    q_len = tl.load(cu_q_ptr + s + 1, mask=ok, other=0) - tl.load(cu_q_ptr + s, mask=ok, other=0)
+    kv_len = tl.load(kv_lens_ptr + s, mask=ok, other=1)
+    tiles = tl.where(q_len > 0, (kv_len - 1) // BLOCK_Q - (kv_len - q_len) // BLOCK_Q + 1, 0)
+    tl.store(cu_tiles_ptr + s + 1, tl.cumsum(tiles, 0), mask=ok)
+    tl.store(cu_tiles_ptr + s, 0, mask=s == 0)
+
+
+@triton.jit
+def _store_kv_kernel(
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kcb, stride_kcp, stride_kch, stride_vcb, stride_vcp, stride_vch,
+    H_KV: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t)
+    block = slot // PAGE
+    offset = slot % PAGE
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    # A skipped slot (-1) masks every head: bound folded in, as `tensor & scalar` breaks the interpreter.
+    mask = (h < tl.where(slot >= 0, H_KV, 0))[:, None] & (d < D)[None, :]
+    k = tl.load(k_ptr + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
+    v = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
+    tl.store(k_cache_ptr + block * stride_kcb + offset * stride_kcp + h[:, None] * stride_kch + d[None, :],
+             k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + block * stride_vcb + offset * stride_vcp + h[:, None] * stride_vch + d[None, :],
+             v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def store_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
+    T, h_kv, D = k.shape
+    assert k.stride(2) == 1 and v.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    if T == 0:
+        return
+    _store_kv_kernel[(T,)](
+        k, v, k_cache, v_cache, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        H_KV=h_kv, BLOCK_H=triton.next_power_of_2(h_kv), D=D, BLOCK_D=triton.next_power_of_2(D),
+        PAGE=k_cache.shape[1],
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _n_iter(n: int) -> int:
+    return max(1, math.ceil(math.log2(n + 1)))
+
+
+def paged_attention_triton(
+    q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, *,
+    max_q_len: int, max_kv_len: int, split_per_program: bool | None = None,
+    kv_split: int = KV_SPLIT, config: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """split_per_program: None lets the wrapper choose; both choices give identical bits.
+    config: (BLOCK_M, num_warps), default from CONFIGS by max_q_len."""
+    block_m, num_warps = config or next((m, w) for limit, m, w in CONFIGS if max_q_len <= limit)
+    T, H, D = q.shape
+    S = kv_lens.shape[0]
+    h_kv = k_cache.shape[2]
+    G = H // h_kv
+    assert H % h_kv == 0 and block_m % G == 0, f"GQA group {G} must divide {block_m}"
+    assert kv_split % BLOCK_N == 0
+    assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    o = torch.empty_like(q)
+    if T == 0:
+        return o
+    block_q = block_m // G
+    decode_only = max_q_len == 1
+    if decode_only:
+        n_tiles, cu_tiles = S, cu_seqlens_q  # cu_tiles unread
+    else:
+        cu_tiles = torch.empty(S + 1, dtype=torch.int32, device=q.device)
+        _tile_offsets_kernel[(1,)](cu_seqlens_q, kv_lens, cu_tiles, S,
+                                   BLOCK_Q=block_q, BLOCK_S=triton.next_power_of_2(S + 1))
+        # Upper bound on the number of position-aligned query tiles, known on the host: no device sync.
+        n_tiles = min(S * (triton.cdiv(max_q_len, block_q) + 1), T // block_q + 2 * S)
+    n_splits = triton.cdiv(max(max_kv_len, 1), kv_split)
+    BLOCK_D = triton.next_power_of_2(D)
+    if split_per_program is None:
+        sms = _sm_count(q.device.index) if q.is_cuda else 1
+        partial_bytes = T * H * n_splits * BLOCK_D * 4
+        # Split when it adds parallelism cheaply: decode-like batches (the partials are
+        # ~G/KV_SPLIT of the KV bytes) or too few query tiles to fill the GPU.
+        split_per_program = (n_splits > 1 and partial_bytes <= _MAX_PARTIALS_BYTES
+                             and (max_q_len <= block_q or n_tiles * h_kv < 2 * sms))
+    grid_splits = n_splits if split_per_program else 1
+    if split_per_program:
+        part_o = torch.empty(T, H, n_splits, BLOCK_D, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(T, H, n_splits, 2, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_ml = o  # unused by the fold-in-program path
+    _attention_kernel[(n_tiles, h_kv, grid_splits)](
+        q, k_cache, v_cache, o, part_o, part_ml,
+        block_tables, cu_seqlens_q, kv_lens, cu_tiles,
+        S, _n_iter(S), scale * math.log2(math.e), kv_split, int(split_per_program), int(decode_only),
+        q.stride(0), q.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        o.stride(0), o.stride(1),
+        block_tables.stride(0),
+        *(part_o.stride()[:3] if split_per_program else (0, 0, 0)),
+        D=D, BLOCK_D=BLOCK_D, G=G, PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+        num_warps=num_warps, num_stages=NUM_STAGES,
+    )
+    if split_per_program:
+        fold_rows = _FOLD_ROWS[q.device.type]
+        _fold_partials_kernel[(triton.cdiv(T * H, fold_rows),)](
+            o, part_o, part_ml, cu_seqlens_q, kv_lens,
+            S, _n_iter(S), kv_split, T * H,
+            o.stride(0), o.stride(1), *part_o.stride()[:3],
+            H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=fold_rows, UNROLL=_FOLD_UNROLL,
+        )
+    return o
