@@ -24,7 +24,8 @@ from kernels import attention_triton_old as old  # noqa: E402
 DEV = "cpu" if CPU else "cuda"
 DTYPE = torch.float16 if CPU else torch.bfloat16
 PAGE = 16
-VARIANTS = list(itertools.product((2, 3), (False, True), (False, True)))  # stages, prefetch, fused
+VARIANTS = [(2, False, False), (3, False, False), (2, True, False), (3, True, False), (2, True, True),
+            (3, True, True)]  # stages, prefetch, fused; the last is the default
 
 
 def set_variant(v):
@@ -64,9 +65,13 @@ def bit_check(n_cases, seed=0):
         out["cases"] += 1
         for path in (None, True, False):
             want = old.paged_attention_triton(*args, **kw, split_per_program=path)
-            for v in VARIANTS if not CPU else VARIANTS[-2:]:
+            for v in VARIANTS if (i % len(heads) == 0 and not CPU) else VARIANTS[-3:]:
                 set_variant(v)
-                got = new.paged_attention_triton(*args, **kw, split_per_program=path)
+                try:
+                    got = new.paged_attention_triton(*args, **kw, split_per_program=path)
+                except Exception as e:  # noqa: BLE001
+                    out["failed"] = out.get("failed", []) + [f"{v} {path}: {repr(e)[:200]}"]
+                    continue
                 diff = int((got.view(torch.int16) != want.view(torch.int16)).sum())
                 out["calls"] += 1
                 out["elements_differing"] += diff
@@ -82,7 +87,7 @@ def timing():
     gen = torch.Generator(device=DEV).manual_seed(1)
     rows = []
     shapes = [(1, 512), (1, 2048), (1, 8192), (1, 32768), (8, 512), (8, 2048), (8, 8192), (32, 512),
-              (32, 8192), (64, 2048), (256, 512), (256, 2048)]
+              (64, 2048), (256, 512)]
     for B, ctx in shapes:
         n = B * (-(-ctx // PAGE))
         kc = torch.randn(n, PAGE, H_KV, D, device=DEV, dtype=DTYPE, generator=gen)
@@ -110,10 +115,14 @@ def timing():
             lambda: old.paged_attention_triton(*args, **kw), rep=50, return_mode="median") * 1e3
         for vv in VARIANTS:
             set_variant(vv)
-            new.paged_attention_triton(*args, **kw)
-            row["s%d%s%s_us" % (vv[0], "p" if vv[1] else "-", "f" if vv[2] else "-")] = \
-                triton.testing.do_bench_cudagraph(lambda: new.paged_attention_triton(*args, **kw),
-                                                  rep=50, return_mode="median") * 1e3
+            name = "s%d%s%s_us" % (vv[0], "p" if vv[1] else "-", "f" if vv[2] else "-")
+            try:
+                new.paged_attention_triton(*args, **kw)
+                row[name] = triton.testing.do_bench_cudagraph(lambda: new.paged_attention_triton(*args, **kw),
+                                                              rep=50, return_mode="median") * 1e3
+            except Exception as e:  # noqa: BLE001
+                row[name] = None
+                print("FAILED", name, repr(e)[:300], flush=True)
         row["old_again_us"] = triton.testing.do_bench_cudagraph(
             lambda: old.paged_attention_triton(*args, **kw), rep=50, return_mode="median") * 1e3
         set_variant(VARIANTS[-1])
@@ -129,9 +138,12 @@ if __name__ == "__main__":
     print("bits:", res["bits"], f"[{time.time() - t0:.0f}s]", flush=True)
     if not CPU:
         res["timing"] = timing()
-        cols = list(res["timing"][0])
-        print("| " + " | ".join(cols) + " |")
-        for r in res["timing"]:
-            print("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
     out = Path(os.environ.get("OUT", "/tmp"))
+    if not CPU:
+        cols = list(res["timing"][0])
+        lines = ["bits: " + json.dumps(res["bits"]), "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for r in res["timing"]:
+            lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+        (out / "decode_variants.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
     (out / "decode_variants.json").write_text(json.dumps(res, indent=1))

@@ -56,6 +56,8 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[SECRET] = secret
     app[METRICS] = Metrics()
+    app[METRICS].prime((u.name for u in settings.upstreams), (c.name for c in settings.canaries),
+                       (t for t in settings.rate_limits if t != "*"))
     app[TENANTS] = Tenants.from_settings(settings)
     app[SEALER] = Sealer(secret)
     app[PREPARED] = PreparedMemo()

@@ -4,9 +4,13 @@ Names and labels are a contract with the Grafana dashboards in deploy/: change t
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # From a cache hit (sub-millisecond) to a long generation.
+CANARY_RESULTS = ("recorded", "match", "mismatch", "error")
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -66,6 +70,18 @@ class Metrics:
                                        ["model", "result"], registry=r)
         self._children: dict[tuple[str, str, str, str], tuple[Counter, Histogram]] = {}
         self._rewrites: dict[str, Counter] = {}
+
+    def prime(self, upstreams: Iterable[str], canaries: Iterable[str], limited_tenants: Iterable[str]) -> None:
+        """Create the series we know will exist at zero. A series born at 1 shows no increase
+        to rate() or increase(), so without this the first breaker trip, canary mismatch or
+        rate-limit refusal would be invisible to dashboards and alerts."""
+        for upstream in upstreams:
+            self.circuit_open.labels(upstream).set(0)
+        for canary in canaries:
+            for result in CANARY_RESULTS:
+                self.canary_runs.labels(canary, result)
+        for tenant in limited_tenants:
+            self.rate_limited.labels(tenant)
 
     def rewrote(self, param: str) -> None:
         """Count one parameter the policy changed; on the hit path too, so children are kept."""
