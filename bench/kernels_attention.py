@@ -369,8 +369,6 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer scenarios and shapes")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--skip-tests", action="store_true")
-    ap.add_argument("--core", action="store_true",
-                    help="ceilings, invariance, decode, prefill and cuDNN only: no tile-config or split-size sections")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -378,7 +376,7 @@ def main():
     t0 = time.time()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "config": {"CONFIGS": at.CONFIGS, "BLOCK_N": at.BLOCK_N, "KV_SPLIT": at.KV_SPLIT,
-                         "num_stages": at.NUM_STAGES, "decode_stages": at.DECODE_STAGES, "page": PAGE,
+                         "num_stages": at.NUM_STAGES, "page": PAGE,
                          "heads": H, "kv_heads": H_KV, "head_dim": D, "dtype": str(DTYPE)}}
     if not args.skip_tests:
         # confcutdir: the repo-level conftest needs the gateway's packages, which a GPU box may lack.
@@ -393,10 +391,9 @@ def main():
     result["invariance"] = invariance(6 if args.quick else 18)
     inv = {k: v for k, v in result["invariance"].items() if k != "scenario_log"}
     print(f"invariance: {inv}  [{time.time() - t0:.0f}s]", flush=True)
-    if not args.core:
-        result["config_equality"] = [config_equality(h, h_kv) for h, h_kv in ((8, 8), (32, 8), (32, 4))]
-        print(f"config equality: {result['config_equality']}  [{time.time() - t0:.0f}s]", flush=True)
-        save(result, out)
+    result["config_equality"] = [config_equality(h, h_kv) for h, h_kv in ((8, 8), (32, 8), (32, 4))]
+    print(f"config equality: {result['config_equality']}  [{time.time() - t0:.0f}s]", flush=True)
+    save(result, out)
     decode_shapes = [(B, c) for B in (1, 8, 32, 64, 128, 256) for c in (512, 2048, 8192, 32768) if B * c <= (1 << 20)]
     prefill_shapes = [(1, 512), (1, 2048), (1, 8192), (1, 16384), (8, 2048), (32, 512)]
     if args.quick:
@@ -406,19 +403,17 @@ def main():
     save(result, out)
     result["prefill"] = prefill_table(ceil["bf16_TFLOPs"], prefill_shapes, gen)
     save(result, out)
-    if not args.core:
-        result["split_sweep"] = split_size_sweep(
-            [(1, 512), (1, 2048), (1, 8192), (1, 32768), (8, 2048), (8, 32768), (64, 2048), (256, 512)], gen)
-        result["split_invariance"] = [
-            {"kv_split": sp, **{k: v for k, v in invariance(4, L=3000, seed=sp, kv_split=sp).items()
-                                if k != "scenario_log"}}
-            for sp in SPLITS]
-        print(f"split invariance: {result['split_invariance']}", flush=True)
-        save(result, out)
+    result["split_sweep"] = split_size_sweep(
+        [(1, 512), (1, 2048), (1, 8192), (1, 32768), (8, 2048), (8, 32768), (64, 2048), (256, 512)], gen)
+    result["split_invariance"] = [
+        {"kv_split": sp, **{k: v for k, v in invariance(4, L=3000, seed=sp, kv_split=sp).items() if k != "scenario_log"}}
+        for sp in SPLITS]
+    print(f"split invariance: {result['split_invariance']}", flush=True)
+    save(result, out)
     result["cudnn_decode"] = cudnn_decode(result["decode"], gen)
     result["seconds"] = time.time() - t0
     save(result, out)
-    md = "\n\n".join(part for part in [
+    md = "\n\n".join([
         f"# Paged attention on {result['device']} (torch {result['torch']}, triton {result['triton']})",
         f"config: {result['config']}", f"ceilings: {ceil}",
         "## Invariance\n" + json.dumps(inv, indent=1),
@@ -428,16 +423,13 @@ def main():
         "## Prefill (causal, CUDA graphs, median)\n" + table(result["prefill"], [
             "batch", "seq_len", "invariant_us", "cfg_64x4_us", "cfg_128x8_us", "flash_us", "speed_vs_flash",
             "invariant_TFLOPs", "frac_of_matmul_peak", "max_abs_diff_vs_flash"]),
-        "## Tile configs: rows bit-equal to the shipped config\n" + json.dumps(result["config_equality"], indent=1)
-        if "config_equality" in result else "",
+        "## Tile configs: rows bit-equal to the shipped config\n" + json.dumps(result["config_equality"], indent=1),
         "## Decode against the fastest SDPA including cuDNN (GQA; timed last)\n" + table(result["cudnn_decode"], [
             "batch", "context", "invariant_us", "cudnn_us", "speed_vs_fastest_sdpa", "max_abs_diff_vs_flash"]),
         "## KV split size sweep (decode us; each size is its own kernel version)\n" + table(
-            result["split_sweep"], ["batch", "context"] + [f"split_{sp}_us" for sp in SPLITS])
-        if "split_sweep" in result else "",
-        "## Invariance per split size\n" + json.dumps(result["split_invariance"], indent=1)
-        if "split_invariance" in result else "",
-    ] if part)
+            result["split_sweep"], ["batch", "context"] + [f"split_{sp}_us" for sp in SPLITS]),
+        "## Invariance per split size\n" + json.dumps(result["split_invariance"], indent=1),
+    ])
     (out / "kernels_attention.md").write_text(md + "\n")
     plot(result["decode"], result["cudnn_decode"], result["prefill"], out / "kernels_attention.png")
     print(md, flush=True)

@@ -36,9 +36,6 @@ import triton.language as tl
 BLOCK_N = 64      # KV positions per tile
 KV_SPLIT = 512    # KV positions per split (a multiple of BLOCK_N)
 NUM_STAGES = 2
-DECODE_STAGES = 3  # decode (q_len 1) batches: one more tile in flight; scheduling only, no order changes
-PREFETCH = True     # page ids of the next KV tile loaded one tile ahead
-FUSED_MERGE = True  # split path: the last program of a (tile, KV head) folds the partials
 # (max of max_q_len, BLOCK_M query rows per program, num_warps): first row that fits wins.
 # BLOCK_M only decides which rows share a program; bench/kernels_attention.py checks on
 # the GPU that every row here gives the same bits as the first (on an H100 with Triton
@@ -81,49 +78,10 @@ def _fold(M, L, O, m, l, acc):
 
 
 @triton.jit
-def _split_state(q, pos, k_ptr, v_ptr, bt, kv_head, kv_len, start, end, scale_log2, d, d_ok,
-                 stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
-                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-                 PREFETCH: tl.constexpr):
-    """Online softmax over the KV tiles [start, end) of one split: its (max, sum, unnormalized output)."""
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if PREFETCH:
-        n = start + tl.arange(0, BLOCK_N)
-        page_next = tl.load(bt + n // PAGE, mask=n < kv_len, other=0)
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = n < kv_len
-        if PREFETCH:
-            # This tile's page ids were loaded one tile earlier, so its K/V addresses never wait on them.
-            page = page_next.to(tl.int64)
-            page_next = tl.load(bt + (n + BLOCK_N) // PAGE, mask=n + BLOCK_N < kv_len, other=0)
-        else:
-            page = tl.load(bt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-        slot = n % PAGE
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_ptr + page[:, None] * stride_kb + slot[:, None] * stride_kp
-                    + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale_log2
-        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_ref)
-        p = tl.exp2(s - m_ref[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + page[:, None] * stride_vb + slot[:, None] * stride_vp
-                    + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m = m_new
-    return m, l, acc
-
-
-@triton.jit
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_ml_ptr, counter_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_ml_ptr,
     block_tables_ptr, cu_q_ptr, kv_lens_ptr, cu_tiles_ptr,
-    S, n_iter, scale_log2, kv_split, decode_only,
+    S, n_iter, scale_log2, kv_split, split_per_program, decode_only,
     stride_qt, stride_qh,
     stride_kb, stride_kp, stride_kh,
     stride_vb, stride_vp, stride_vh,
@@ -131,8 +89,7 @@ def _attention_kernel(
     stride_bt,
     stride_pt, stride_ph, stride_ps,
     D: tl.constexpr, BLOCK_D: tl.constexpr, G: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, UNROLL: tl.constexpr,
-    PREFETCH: tl.constexpr, FUSED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // G
     tile = tl.program_id(0)
@@ -169,77 +126,61 @@ def _attention_kernel(
     d_ok = d < D
     q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    bt = block_tables_ptr + seq * stride_bt
 
-    if SPLIT:
-        # One split per program; a single split folded into the empty state is exactly
-        # (m, l, acc), so the raw partial is stored and the program holds no second state.
-        start = split * kv_split
-        m, l, acc = _split_state(q, pos, k_ptr, v_ptr, bt, kv_head, kv_len, start,
-                                 tl.minimum(start + kv_split, last_pos + 1), scale_log2, d, d_ok,
-                                 stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
-                                 BLOCK_M, BLOCK_D, BLOCK_N, PAGE, PREFETCH)
-        part = (q_start + tok) * stride_pt + head * stride_ph
-        keep = row_ok & (tok < tl.where(start <= last_pos, q_len, 0))
-        tl.store(part_o_ptr + (part + split * stride_ps)[:, None] + d[None, :], acc,
-                 mask=keep[:, None] & d_ok[None, :])
-        # part_ml is [T, H, splits, 2], indexed like part_o without its last (BLOCK_D) axis.
-        tl.store(part_ml_ptr + (part + split * stride_ps) // BLOCK_D * 2, m, mask=keep)
-        tl.store(part_ml_ptr + (part + split * stride_ps) // BLOCK_D * 2 + 1, l, mask=keep)
-        if FUSED:
-            # The last of the (tile, KV head)'s programs to arrive folds every partial, in split
-            # order: the counter only picks who folds. The barrier puts all of this program's
-            # stores before its release; the acquire puts the other programs' stores before the reads.
-            tl.debug_barrier()
-            counter = counter_ptr + tile * tl.num_programs(1) + kv_head
-            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            tl.debug_barrier()
-            if arrived == tl.num_programs(2) - 1:
-                tl.store(counter, 0)  # zero again for the next launch: no clearing launch needed
-                o = _fold_rows(part_o_ptr, part_ml_ptr, part, pos, kv_split, row_ok, stride_ps, d, d_ok,
-                               BLOCK_M, BLOCK_D, UNROLL)
-                tl.store(o_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-                         o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    # Split path: this program does split `split` only; fold path: all splits of its rows.
+    if split_per_program:
+        s_lo = split
+        s_hi = tl.where(split * kv_split <= last_pos, split + 1, split)
     else:
-        M = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        L = tl.zeros([BLOCK_M], tl.float32)
-        O = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        for sp in range(0, tl.where(last_pos >= 0, last_pos // kv_split + 1, 0)):
-            start = sp * kv_split
-            m, l, acc = _split_state(q, pos, k_ptr, v_ptr, bt, kv_head, kv_len, start,
-                                     tl.minimum(start + kv_split, last_pos + 1), scale_log2, d, d_ok,
-                                     stride_kb, stride_kp, stride_kh, stride_vb, stride_vp, stride_vh,
-                                     BLOCK_M, BLOCK_D, BLOCK_N, PAGE, PREFETCH)
-            M, L, O = _fold(M, L, O, m, l, acc)
+        s_lo = split * 0
+        s_hi = tl.where(last_pos >= 0, last_pos // kv_split + 1, 0)
+
+    M = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    L = tl.zeros([BLOCK_M], tl.float32)
+    O = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m = M
+    l = L
+    acc = O
+    bt = block_tables_ptr + seq * stride_bt
+    for sp in range(s_lo, s_hi):
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        start = sp * kv_split
+        end = tl.minimum(start + kv_split, last_pos + 1)
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = n < kv_len
+            page = tl.load(bt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+            slot = n % PAGE
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_ptr + page[:, None] * stride_kb + slot[:, None] * stride_kp
+                        + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k)) * scale_log2
+            s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m - m_ref)
+            p = tl.exp2(s - m_ref[:, None])
+            l = l * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + page[:, None] * stride_vb + slot[:, None] * stride_vp
+                        + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            m = m_new
+        M, L, O = _fold(M, L, O, m, l, acc)
+
+    if split_per_program:
+        # A single split folded into the empty state is exactly (m, l, acc): store the raw partial.
+        part = (q_start + tok)[:, None] * stride_pt + head[:, None] * stride_ph + split * stride_ps
+        keep = row_ok & (tok < tl.where(s_hi > s_lo, q_len, 0))
+        tl.store(part_o_ptr + part + d[None, :], acc, mask=keep[:, None] & d_ok[None, :])
+        # part_ml is [T, H, splits, 2], indexed like part_o without its last (BLOCK_D) axis.
+        tl.store(part_ml_ptr + part // BLOCK_D * 2, m[:, None], mask=keep[:, None])
+        tl.store(part_ml_ptr + part // BLOCK_D * 2 + 1, l[:, None], mask=keep[:, None])
+    else:
         o = tl.div_rn(O, tl.where(L > 0, L, 1.0)[:, None])  # L == 0 only on padding rows
         tl.store(o_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def _fold_rows(part_o_ptr, part_ml_ptr, part, pos, kv_split, ok, stride_ps, d, d_ok,
-               BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr):
-    """Fold the stored partials of rows at offsets `part`, each over its splits 0..pos // kv_split in order.
-
-    A row that has run out of splits folds the empty split (-inf, 0, 0): an exact no-op.
-    Partials are read from L2 (.cg): other programs wrote them, this SM's L1 never saw them.
-    """
-    n_splits = tl.where(ok, pos // kv_split + 1, 0)
-    M = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    L = tl.zeros([BLOCK_R], tl.float32)
-    O = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    # The fold is a serial chain; unrolling lets the loads of UNROLL splits be in flight at once.
-    for group in range(0, tl.cdiv(tl.max(n_splits, 0), UNROLL)):
-        for i in tl.static_range(UNROLL):
-            sp = group * UNROLL + i
-            take = sp < n_splits
-            at_ = part + sp * stride_ps
-            acc = tl.load(part_o_ptr + at_[:, None] + d[None, :], mask=take[:, None] & d_ok[None, :], other=0.0,
-                          cache_modifier=".cg")
-            m = tl.load(part_ml_ptr + at_ // BLOCK_D * 2, mask=take, other=float("-inf"), cache_modifier=".cg")
-            l = tl.load(part_ml_ptr + at_ // BLOCK_D * 2 + 1, mask=take, other=0.0, cache_modifier=".cg")
-            M, L, O = _fold(M, L, O, m, l, acc)
-    return tl.div_rn(O, tl.where(L > 0, L, 1.0)[:, None])  # L == 0 only on rows never stored
 
 
 @triton.jit
@@ -250,7 +191,8 @@ def _fold_partials_kernel(
     H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     UNROLL: tl.constexpr,
 ):
-    # Rows are (token, head) pairs.
+    # Rows are (token, head) pairs; each folds its own splits 0..pos // kv_split. A row
+    # that has run out of splits folds the empty split (-inf, 0, 0): an exact no-op.
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     t = r // H
     h = r % H
@@ -258,13 +200,26 @@ def _fold_partials_kernel(
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
     pos = tl.load(kv_lens_ptr + seq) - q_len + (t - q_start)
+    n_splits = tl.where(r < n_rows, pos // kv_split + 1, 0)
+
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
-    ok = r < n_rows
-    o = _fold_rows(part_o_ptr, part_ml_ptr, t * stride_pt + h * stride_ph, pos, kv_split, ok, stride_ps, d, d_ok,
-                   BLOCK_R, BLOCK_D, UNROLL)
+    M = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    L = tl.zeros([BLOCK_R], tl.float32)
+    O = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    # The fold is a serial chain; unrolling lets the loads of UNROLL splits be in flight at once.
+    for group in range(0, tl.cdiv(tl.max(n_splits, 0), UNROLL)):
+        for i in tl.static_range(UNROLL):
+            sp = group * UNROLL + i
+            take = sp < n_splits
+            part = t * stride_pt + h * stride_ph + sp * stride_ps
+            acc = tl.load(part_o_ptr + part[:, None] + d[None, :], mask=take[:, None] & d_ok[None, :], other=0.0)
+            m = tl.load(part_ml_ptr + part // BLOCK_D * 2, mask=take, other=float("-inf"))
+            l = tl.load(part_ml_ptr + part // BLOCK_D * 2 + 1, mask=take, other=0.0)
+            M, L, O = _fold(M, L, O, m, l, acc)
+    o = tl.div_rn(O, tl.where(L > 0, L, 1.0)[:, None])  # L == 0 only on rows never stored
     tl.store(o_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :],
-             o.to(o_ptr.dtype.element_ty), mask=ok[:, None] & d_ok[None, :])
+             o.to(o_ptr.dtype.element_ty), mask=(n_splits > 0)[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -315,23 +270,6 @@ def store_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
         H_KV=h_kv, BLOCK_H=triton.next_power_of_2(h_kv), D=D, BLOCK_D=triton.next_power_of_2(D),
         PAGE=k_cache.shape[1],
     )
-
-
-_merge_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """Arrival counters of the fused merge, one per (query tile, KV head).
-
-    Every launch leaves them at zero (the folding program resets its own), so one
-    zeroed buffer per device serves every call without a clearing launch. Calls on
-    one device must therefore not run concurrently on different streams.
-    """
-    buf = _merge_counters.get(device)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
-        _merge_counters[device] = buf
-    return buf
 
 
 @functools.lru_cache(maxsize=None)
@@ -386,22 +324,19 @@ def paged_attention_triton(
         part_ml = torch.empty(T, H, n_splits, 2, dtype=torch.float32, device=q.device)
     else:
         part_o = part_ml = o  # unused by the fold-in-program path
-    fused = split_per_program and FUSED_MERGE
-    counters = _counters(q.device, n_tiles * h_kv) if fused else cu_seqlens_q  # unread unless fused
     _attention_kernel[(n_tiles, h_kv, grid_splits)](
-        q, k_cache, v_cache, o, part_o, part_ml, counters,
+        q, k_cache, v_cache, o, part_o, part_ml,
         block_tables, cu_seqlens_q, kv_lens, cu_tiles,
-        S, _n_iter(S), scale * math.log2(math.e), kv_split, int(decode_only),
+        S, _n_iter(S), scale * math.log2(math.e), kv_split, int(split_per_program), int(decode_only),
         q.stride(0), q.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         o.stride(0), o.stride(1),
         block_tables.stride(0),
         *(part_o.stride()[:3] if split_per_program else (0, 0, 0)),
         D=D, BLOCK_D=BLOCK_D, G=G, PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-        SPLIT=bool(split_per_program), UNROLL=_FOLD_UNROLL, PREFETCH=PREFETCH, FUSED=fused,
-        num_warps=num_warps, num_stages=DECODE_STAGES if decode_only else NUM_STAGES,
+        num_warps=num_warps, num_stages=NUM_STAGES,
     )
-    if split_per_program and not fused:
+    if split_per_program:
         fold_rows = _FOLD_ROWS[q.device.type]
         _fold_partials_kernel[(triton.cdiv(T * H, fold_rows),)](
             o, part_o, part_ml, cu_seqlens_q, kv_lens,
