@@ -98,7 +98,7 @@ def run_shape(name: str, args, out: Path, deadline: float) -> dict:
     t0 = time.perf_counter()
     path, shape = make_checkpoint(Path(args.workdir), name, args.layers.get(name))
     vocab = shape["vocab_size"]
-    result["config"] = {k: v for k, v in shape.items()}
+    result["config"] = dict(shape)
     result["checkpoint_seconds"] = round(time.perf_counter() - t0, 1)
     import random
     rng = random.Random(3)

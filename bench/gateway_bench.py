@@ -26,6 +26,10 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from fakes.loopback import free_port  # noqa: E402  (test tooling, found via the path above)
+
 RESULTS = REPO / "bench" / "results"
 SECRET = "bench-secret"
 HIT_BODY = {"model": "fake/bench-model", "messages": [{"role": "user", "content": "What is a deterministic cache?"}],
@@ -33,13 +37,6 @@ HIT_BODY = {"model": "fake/bench-model", "messages": [{"role": "user", "content"
 # %d placeholders: each miss request is unique (counter, random), so it can never hit.
 MISS_TEMPLATE = ('{"model": "fake/bench-model", "temperature": 0, '
                  '"messages": [{"role": "user", "content": "miss %d %d"}]}')
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, timeout: float = 20) -> None:

@@ -56,7 +56,6 @@ def ceilings() -> dict:
     a = torch.randn(8192, 8192, dtype=DTYPE, device=DEV)
     b = torch.randn(8192, 8192, dtype=DTYPE, device=DEV)
     mm_us = triton.testing.do_bench(lambda: a @ b, rep=200, return_mode="median") * 1e3
-    del x, y, a, b
     return {"copy_GBps": 2 * (1 << 30) / copy_us / 1e3, "bf16_TFLOPs": 2 * 8192**3 / mm_us / 1e6}
 
 
@@ -256,7 +255,7 @@ def decode_table(bw, shapes, gen) -> list[dict]:
         out.append({"batch": B, "context": ctx, "invariant_us": ours, "sdpa_us": sdpa_us, "sdpa_backend": backend,
                     "speed_vs_sdpa": sdpa_us / ours, "floor_us": floor_us, "frac_of_floor": floor_us / ours,
                     "max_abs_diff_vs_flash": (got.float() - want.float()).abs().max().item()})
-        del k_cache, v_cache, k, v
+        k_cache = v_cache = k = v = None  # freed before the next shape; the timed lambdas close over them
     return out
 
 
@@ -283,7 +282,7 @@ def prefill_table(tflops, shapes, gen) -> list[dict]:
         out.append({**row, "flash_us": flash,
                     "speed_vs_flash": (flash / ours) if flash else None, "invariant_TFLOPs": flops / ours / 1e6,
                     "frac_of_matmul_peak": flops / ours / 1e6 / tflops})
-        del k_cache, v_cache, k, v
+        k_cache = v_cache = k = v = None
     return out
 
 
@@ -300,7 +299,7 @@ def split_size_sweep(shapes, gen) -> list[dict]:
             row[f"split_{split}_us"] = bench_graph(lambda: at.paged_attention_triton(
                 q, k_cache, v_cache, tables, cu, kv_lens, D ** -0.5, max_q_len=1, max_kv_len=ctx, kv_split=split))
         out.append(row)
-        del k_cache, v_cache
+        k_cache = v_cache = None
     return out
 
 

@@ -230,5 +230,5 @@ class Breakers:
         return breaker
 
     def states(self) -> dict[str, State]:
-        """For the detgate_circuit_open{upstream} gauge (1 when open, else 0)."""
+        """The state of each upstream's breaker made so far (the gauge itself follows on_change)."""
         return {name: b.state for name, b in self._by_upstream.items()}

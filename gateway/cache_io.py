@@ -65,9 +65,9 @@ def import_value(line: bytes, secret: bytes, reseal: bool) -> tuple[str, bytes]:
         entry = decode(orjson.dumps(record["entry"]))
     except CorruptEntry as exc:
         raise ValueError(str(exc)) from None
-    raw = encode(entry)
     if reseal:
         return key, Sealer(secret).seal(key, entry)
+    raw = encode(entry)
     if not verify_entry(secret, key, raw, mac):
         raise ValueError(f"entry {key} fails its MAC check under this secret (exported under another secret, "
                          f"or edited; --reseal trusts the file)")

@@ -206,13 +206,20 @@ def _text_field(value: Any, fired: list[str]) -> Any:
     return _text(value, fired) if isinstance(value, str) else value
 
 
-def _drop_nulls(obj: dict, nullable: frozenset[str], fired: list[str]) -> dict:
+_FieldRule = Callable[[Any, list[str]], Any]
+
+
+def _object(obj: dict, nullable: frozenset[str], rules: dict[str, _FieldRule], fired: list[str]) -> dict:
+    """`obj` without its known optional fields set to null, each field in `rules` rewritten by its rule."""
     out = {}
     for name, value in obj.items():
         if value is None and name in nullable:
             fired.append("null_field")
         else:
             out[name] = value
+    for name, rule in rules.items():
+        if name in out:
+            out[name] = rule(out[name], fired)
     return out
 
 
@@ -275,31 +282,21 @@ def _content(value: Any, fired: list[str]) -> Any:
 def _message(message: Any, fired: list[str]) -> Any:
     if not isinstance(message, dict):
         return message
-    out = _drop_nulls(message, _MESSAGE_NULLABLE, fired)
-    if "content" in out:
-        out["content"] = _content(out["content"], fired)
-    if "name" in out:
-        out["name"] = _text_field(out["name"], fired)
-    return out
+    return _object(message, _MESSAGE_NULLABLE, _MESSAGE_RULES, fired)
 
 
 def _messages(value: Any, fired: list[str]) -> Any:
     return [_message(m, fired) for m in value] if isinstance(value, list) else value
 
 
-def _schema(value: Any) -> Any:
+def _schema(value: Any, fired: list[str]) -> Any:
     return OrderedObject(value) if isinstance(value, dict) else value
 
 
 def _function(function: Any, fired: list[str]) -> Any:
     if not isinstance(function, dict):
         return function
-    out = _drop_nulls(function, _FUNCTION_NULLABLE, fired)
-    if "description" in out:
-        out["description"] = _text_field(out["description"], fired)
-    if "parameters" in out:
-        out["parameters"] = _schema(out["parameters"])
-    return out
+    return _object(function, _FUNCTION_NULLABLE, _FUNCTION_RULES, fired)
 
 
 def _functions(value: Any, fired: list[str]) -> Any:
@@ -320,15 +317,12 @@ def _response_format(value: Any, fired: list[str]) -> Any:
     if not (isinstance(value, dict) and value.get("type") == "json_schema"
             and isinstance(value.get("json_schema"), dict)):
         return value
-    spec = _drop_nulls(value["json_schema"], _JSON_SCHEMA_NULLABLE, fired)
-    if "description" in spec:
-        spec["description"] = _text_field(spec["description"], fired)
-    if "schema" in spec:
-        spec["schema"] = _schema(spec["schema"])
-    return {**value, "json_schema": spec}
+    return {**value, "json_schema": _object(value["json_schema"], _JSON_SCHEMA_NULLABLE, _JSON_SCHEMA_RULES, fired)}
 
 
-_FieldRule = Callable[[Any, list[str]], Any]
+_MESSAGE_RULES: dict[str, _FieldRule] = {"content": _content, "name": _text_field}
+_FUNCTION_RULES: dict[str, _FieldRule] = {"description": _text_field, "parameters": _schema}
+_JSON_SCHEMA_RULES: dict[str, _FieldRule] = {"description": _text_field, "schema": _schema}
 _FIELD_RULES: dict[str, dict[str, _FieldRule]] = {
     "chat.completions": {
         "messages": _messages, "stop": _stop, "tools": _tools, "functions": _functions,

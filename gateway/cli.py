@@ -12,7 +12,7 @@ from typing import Sequence
 
 from pydantic import ValidationError
 
-from gateway.commands import add_commands, run_command
+from gateway.commands import add_commands, refuse, run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,22 +106,17 @@ def serve(args: argparse.Namespace) -> int:
     for name, flag in (("tenants", "--tenant"), ("rate_limits", "--rate-limit")):
         if flags[name] is not None:
             try:
-                flags[name] = dict(config._pair(spec) for spec in flags[name])
+                flags[name] = dict(config.parse_pair(spec) for spec in flags[name])
             except ValueError as exc:
-                return _refuse(f"{flag}: {exc}")
+                return refuse(f"{flag}: {exc}")
     try:
         settings = config.load(args.config, os.environ, flags)
     except (ValidationError, ValueError, OSError) as exc:
-        return _refuse(f"invalid settings: {exc}")
+        return refuse(f"invalid settings: {exc}")
     logs.setup(settings.log_level)
     try:
         web.run_app(create_app(settings), host=settings.host, port=settings.port, access_log=None, print=None,
                     shutdown_timeout=settings.shutdown_timeout_s)
     except ConfigError as exc:
-        return _refuse(str(exc))
+        return refuse(str(exc))
     return 0
-
-
-def _refuse(message: str) -> int:
-    print(f"detgate: {message}", file=sys.stderr)
-    return 2

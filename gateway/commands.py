@@ -54,14 +54,14 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         settings = config.load(args.config, os.environ, flags)
     except (ValidationError, ValueError, OSError) as exc:
-        return _refuse(f"invalid settings: {exc}")
+        return refuse(f"invalid settings: {exc}")
     logs.setup(settings.log_level)
     if args.command == "probe":
         return asyncio.run(_probe(settings))
     if not settings.redis_url:
-        return _refuse(f"cache {args.action} " + NO_STORE.format(what=args.action))
+        return refuse(f"cache {args.action} " + NO_STORE.format(what=args.action))
     if settings.secret is None:
-        return _refuse(f"cache {args.action} needs --secret (or DETGATE_SECRET): the one the gateway signs keys with")
+        return refuse(f"cache {args.action} needs --secret (or DETGATE_SECRET): the one the gateway signs keys with")
     return asyncio.run(_cache(args.action, args.file, settings, args.action == "import" and args.reseal))
 
 
@@ -73,14 +73,14 @@ async def _probe(settings) -> int:
     from gateway.watch import CANARIES
 
     if not settings.canaries:
-        return _refuse("no canaries configured: add [[canaries]] tables (name, model, body) to the --config file")
+        return refuse("no canaries configured: add [[canaries]] tables (name, model, body) to the --config file")
     # The app's own resources, started without a listener and without the schedule: the
     # probe's canaries are built exactly as the serving gateway's are.
     try:
         runner = web.AppRunner(create_app(settings.model_copy(update={"canary_interval_s": 0.0})))
         await runner.setup()
     except ConfigError as exc:
-        return _refuse(str(exc))
+        return refuse(str(exc))
     try:
         probes = await runner.app[CANARIES].run_all()
     finally:
@@ -118,13 +118,14 @@ async def _cache(action: str, path: str, settings, reseal: bool) -> int:
               + (f"; rejected {counts.rejected}:\n  " + "\n  ".join(counts.problems) if counts.rejected else ""))
         return 1 if counts.rejected else 0
     except StoreError as exc:
-        return _refuse(f"the store failed: {exc}")
+        return refuse(f"the store failed: {exc}")
     except OSError as exc:
-        return _refuse(str(exc))
+        return refuse(str(exc))
     finally:
         await store.close()
 
 
-def _refuse(message: str) -> int:
+def refuse(message: str) -> int:
+    """Why a command will not run, on stderr; its exit status."""
     print(f"detgate: {message}", file=sys.stderr)
     return 2

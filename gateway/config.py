@@ -204,13 +204,13 @@ def from_env(environ: Mapping[str, str]) -> dict[str, Any]:
         if field in _LIST_FIELDS:
             out[field] = [s.strip() for s in raw.split(",") if s.strip()]
         elif field in _MAP_FIELDS:
-            out[field] = dict(_pair(s) for s in raw.split(",") if s.strip())
+            out[field] = dict(parse_pair(s) for s in raw.split(",") if s.strip())
         else:
             out[field] = raw
     return out
 
 
-def _pair(spec: str) -> tuple[str, str]:
+def parse_pair(spec: str) -> tuple[str, str]:
     name, sep, value = spec.strip().partition("=")
     if not sep:
         raise ValueError(f"expected NAME=VALUE, got {spec!r}")

@@ -20,7 +20,7 @@ import hmac
 import logging
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import orjson
 
@@ -138,7 +138,7 @@ class DriftMonitor:
         if self.policy == "rotate" and event.kind == "fingerprint":
             epoch = await self.ledger.incr(EPOCHS, name)
             self.epochs = {**self.epochs, name: epoch}
-            event = DriftEvent(**{**asdict(event), "epoch": epoch})
+            event = replace(event, epoch=epoch)
         self.metrics.drift_events.labels(event.upstream, event.model, event.kind).inc()
         log.warning(event.warning())
         await self.ledger.push(EVENTS, orjson.dumps(asdict(event)).decode(), KEEP_EVENTS)

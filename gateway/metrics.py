@@ -8,9 +8,9 @@ from typing import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-# From a cache hit (sub-millisecond) to a long generation.
 CANARY_RESULTS = ("recorded", "match", "mismatch", "error")
 
+# From a cache hit (sub-millisecond) to a long generation.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -69,7 +69,7 @@ class Metrics:
                                        "invalid per attempt, exhausted per request whose attempts all failed.",
                                        ["model", "result"], registry=r)
         self._children: dict[tuple[str, str, str, str], tuple[Counter, Histogram]] = {}
-        self._rewrites: dict[str, Counter] = {}
+        self._labelled: dict[tuple[Counter, str], Counter] = {}
 
     def prime(self, upstreams: Iterable[str], canaries: Iterable[str], limited_tenants: Iterable[str]) -> None:
         """Create the series we know will exist at zero. A series born at 1 shows no increase
@@ -83,11 +83,12 @@ class Metrics:
         for tenant in limited_tenants:
             self.rate_limited.labels(tenant)
 
-    def rewrote(self, param: str) -> None:
-        """Count one parameter the policy changed; on the hit path too, so children are kept."""
-        child = self._rewrites.get(param)
+    def count(self, counter: Counter, label: str) -> None:
+        """Count one event on a counter with one label, from the hit path (canonical rules,
+        parameter rewrites): the labelled child is kept, as in observe_request."""
+        child = self._labelled.get((counter, label))
         if child is None:
-            child = self._rewrites[param] = self.param_rewrites.labels(param)
+            child = self._labelled[counter, label] = counter.labels(label)
         child.inc()
 
     def observe_request(self, route: str, model: str, cache: str, code: str, seconds: float) -> None:

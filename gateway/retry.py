@@ -187,27 +187,31 @@ async def call_with_retries(
                 value = await fn()
         except Exception as exc:  # noqa: BLE001 - classified below, re-raised inside GaveUp
             reason = retry_reason(exc)
-            if reason is None:
-                attempts.append(Attempt(number, "fatal", 0.0))
-                raise GaveUp(exc, tuple(attempts), "fatal") from exc
-            if deadline.expired():
-                attempts.append(Attempt(number, reason, 0.0))
-                raise GaveUp(exc, tuple(attempts), "deadline") from exc
-            if number == policy.max_attempts:
-                attempts.append(Attempt(number, reason, 0.0))
-                raise GaveUp(exc, tuple(attempts), "max_attempts") from exc
-            asked = requested_wait(exc, wall_clock())
-            if asked is not None and asked > policy.max_retry_after:
-                attempts.append(Attempt(number, reason, 0.0))
-                raise GaveUp(exc, tuple(attempts), "retry_after") from exc
-            delay = asked if asked is not None else backoff(policy, number, rng)
-            if not deadline.allows(delay):
-                attempts.append(Attempt(number, reason, 0.0))
-                raise GaveUp(exc, tuple(attempts), "deadline") from exc
-            attempts.append(Attempt(number, reason, delay))
+            why, delay = _give_up_or_wait(exc, reason, number, policy, deadline, rng, wall_clock)
+            attempts.append(Attempt(number, reason or "fatal", delay))
+            if why is not None:
+                raise GaveUp(exc, tuple(attempts), why) from exc
             if on_retry is not None:
                 on_retry(reason, delay)
             await sleep(delay)
         else:
             attempts.append(Attempt(number, "ok", 0.0))
             return Success(value, tuple(attempts))
+
+
+def _give_up_or_wait(exc: BaseException, reason: str | None, number: int, policy: RetryPolicy, deadline: Deadline,
+                     rng: random.Random, wall_clock: Callable[[], float]) -> tuple[str | None, float]:
+    """After failed attempt `number`: (GaveUp's why, 0) to stop, or (None, the delay) to retry."""
+    if reason is None:
+        return "fatal", 0.0
+    if deadline.expired():
+        return "deadline", 0.0
+    if number == policy.max_attempts:
+        return "max_attempts", 0.0
+    asked = requested_wait(exc, wall_clock())
+    if asked is not None and asked > policy.max_retry_after:
+        return "retry_after", 0.0
+    delay = asked if asked is not None else backoff(policy, number, rng)
+    if not deadline.allows(delay):
+        return "deadline", 0.0
+    return None, delay

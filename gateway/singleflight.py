@@ -102,8 +102,11 @@ class SingleFlight:
 
     async def _read(self, key: str) -> Entry | None:
         raw = await self._safely("get", self.store.get(key))
-        if raw is None:
-            return None
+        return None if raw is None else self.unseal(key, raw)
+
+    def unseal(self, key: str, raw: bytes) -> Entry | None:
+        """The entry in a value stored under `key`; None, counted, when the value fails its
+        checks (a fill then overwrites it)."""
         try:
             return self.sealer.open(key, raw)
         except CorruptEntry as exc:

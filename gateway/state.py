@@ -37,7 +37,6 @@ ACCESS_LOG = web.AppKey("access_log", AccessLog)
 PREPARED = web.AppKey("prepared", PreparedMemo)
 
 # Filled in by handlers for the metrics/log middleware.
-ROUTE = web.RequestKey("route", str)
 MODEL = web.RequestKey("model", str)
 CACHE = web.RequestKey("cache", str)
 KEY = web.RequestKey("key", str)

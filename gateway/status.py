@@ -48,7 +48,7 @@ async def status(request: web.Request) -> web.Response:
     authenticate(request.headers.get("Authorization"), app[TENANTS], settings.passthrough_auth)
     ledger = app[LEDGER]
     body = {"mode": settings.mode, "drift_policy": settings.drift_policy,
-            "store": {"kind": "redis" if settings.redis_url else "in-process", "healthy": True, "error": None},
+            "store": {"kind": ledger.kind, "healthy": True, "error": None},
             "fingerprints": [], "canaries": canaries(settings.canaries, {}), "drift_events": []}
     try:
         await ledger.ping()

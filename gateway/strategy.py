@@ -1,14 +1,12 @@
-"""Strategies: how a cache miss becomes one complete entry.
+"""How a cache miss becomes one complete entry, and the upstream call it is made of.
 
 A strategy is an async callable (call, client, feed) -> Entry that raises UpstreamError
-when it cannot produce an answer worth storing. "single" makes one upstream call; vote
-and schema-retry strategies sit beside it under their own names, which are part of the
-cache key.
+when it cannot produce an answer worth storing. `single` makes one upstream call; every
+other spec runs vote_strategy.choose. The spec's name is part of the cache key.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 from gateway.config import UpstreamConfig
 from gateway.entry import Entry, from_body, from_events
@@ -28,9 +26,6 @@ class Call:
     spec: StrategySpec = SINGLE  # what a miss runs; anything but SINGLE runs vote_strategy.choose
 
 
-Strategy = Callable[[Call, UpstreamClient, Feed], Awaitable[Entry]]
-
-
 async def single(call: Call, client: UpstreamClient, feed: Feed) -> Entry:
     """One upstream call. A stream is pushed to `feed` event by event as it arrives."""
     if not call.stream:
@@ -43,6 +38,3 @@ async def single(call: Call, client: UpstreamClient, feed: Feed) -> Entry:
     if not events:
         raise UpstreamError.broken_stream(call.upstream.name, "no events before [DONE]")
     return from_events(call.route, events)
-
-
-STRATEGIES: dict[str, Strategy] = {"single": single}

@@ -31,8 +31,7 @@ class UpstreamClient:
     @property
     def timeout(self) -> aiohttp.ClientTimeout:
         """Timeouts for a single request outside the retrying paths (the plain proxy)."""
-        t = self.resilience.timeouts
-        return client_timeout(Deadline.after(t.total), t.connect, t.idle)
+        return self._timeout(self.resilience.deadline())
 
     def _record(self, upstream: str, status: int, started: float) -> None:
         self.metrics.upstream_requests.labels(upstream, str(status)).inc()

@@ -96,15 +96,14 @@ def normalize(content: str, extractor: Extractor | None = None) -> str:
         match = extractor.regex.search(content)
         if match is not None:
             return _regex_group(match).strip()
+    doc = _json(text)
+    if doc is _MISSING:
+        return text
     if extractor is not None and extractor.json_pointer is not None:
-        doc = _json(text)
-        value = _pointer(doc, extractor.json_pointer) if doc is not _MISSING else _MISSING
+        value = _pointer(doc, extractor.json_pointer)
         if value is not _MISSING and (form := _canonical(value)) is not None:
             return form
-    doc = _json(text)
-    if doc is not _MISSING and (form := _canonical(doc)) is not None:
-        return form
-    return text
+    return _canonical(doc) or text
 
 
 def group_of(normalized: str) -> str:

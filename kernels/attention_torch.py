@@ -27,11 +27,9 @@ def _gather_pages(cache, block_table_row, kv_len: int) -> torch.Tensor:
 
 
 def paged_attention_reference(
-    q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale=None, *,
-    max_q_len=None, max_kv_len=None, compute_dtype=torch.float32,
+    q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale=None, *, compute_dtype=torch.float32,
 ) -> torch.Tensor:
     """Per sequence: gather its pages and do causal softmax attention in compute_dtype."""
-    del max_q_len, max_kv_len  # the reference syncs freely
     T, H, D = q.shape
     h_kv = k_cache.shape[2]
     scale = D ** -0.5 if scale is None else scale

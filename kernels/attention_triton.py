@@ -24,12 +24,13 @@ Why a row's bits depend only on its own query and its own sequence's KV:
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
+
+from kernels.device import sm_count
 
 # The constants that fix every row's summation order. Changing any of them
 # changes output bits, so they are part of the kernel version.
@@ -272,11 +273,6 @@ def store_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
     )
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _n_iter(n: int) -> int:
     return max(1, math.ceil(math.log2(n + 1)))
 
@@ -312,7 +308,7 @@ def paged_attention_triton(
     n_splits = triton.cdiv(max(max_kv_len, 1), kv_split)
     BLOCK_D = triton.next_power_of_2(D)
     if split_per_program is None:
-        sms = _sm_count(q.device.index) if q.is_cuda else 1
+        sms = sm_count(q.device) if q.is_cuda else 1
         partial_bytes = T * H * n_splits * BLOCK_D * 4
         # Split when it adds parallelism cheaply: decode-like batches (the partials are
         # ~G/KV_SPLIT of the KV bytes) or too few query tiles to fill the GPU.

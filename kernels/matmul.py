@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels.device import sm_count
 from kernels.mode import get_mode, use_triton
 
 # The only constant that fixes the summation order over K. Changing it changes
@@ -40,18 +41,6 @@ CONFIGS = {
 _GROUP_M = 8
 
 
-_sm_counts: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter runs programs one after another; a few suffice
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _sm_counts:
-        _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _sm_counts[index]
-
-
 def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, str]:
     """Pick tiles that give every SM work; decode wants many thin N tiles
     because without split-K the N tiles are the only parallelism there is."""
@@ -60,7 +49,7 @@ def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[i
         # the block shape, so there one shape serves every M. fp32 is not a
         # serving dtype: one config whose fp32 tiles fit in shared memory.
         return CONFIGS["medium"]
-    fill = 0.8 * _sm_count(device)
+    fill = 0.8 * sm_count(device)
     if m <= 64:
         if triton.cdiv(n, 128) >= fill:
             return CONFIGS["medium"]
@@ -200,7 +189,8 @@ def _tma_ready(t: torch.Tensor) -> bool:
 
 
 def _programs(device: torch.device, tiles: int) -> int:
-    return min(tiles, _sm_count(device))
+    # The interpreter runs programs one after another; a few suffice.
+    return min(tiles, sm_count(device) if device.type == "cuda" else 4)
 
 
 def _launch_tma(a, b, bias, c, block_m, block_n, block_k, warps, stages):

@@ -10,10 +10,9 @@ The fused variant first forms residual + x rounded to x's dtype (what a plain
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
-
-import torch.nn.functional as F
 
 from kernels.mode import get_mode, use_triton
 

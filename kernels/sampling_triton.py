@@ -34,7 +34,6 @@ _SAMPLE_BLOCK = 2048
 _SAMPLE_WARPS = 8
 _THRESHOLD_BLOCK = 2048
 _THRESHOLD_WARPS = 16
-_INT32_MIN = -2147483648
 
 
 def _rows(logits: torch.Tensor) -> torch.Tensor:

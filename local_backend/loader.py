@@ -35,7 +35,7 @@ def read_tensors(path: Path, device: str, dtype: torch.dtype) -> tuple[dict[str,
     files = shard_files(path)
     digest = xxhash.xxh3_128()
     handles = [safe_open(str(f), framework="pt") for f in files]
-    keys = [(h, k) for h in handles for k in sorted(h.keys())]
+    keys = [(h, k) for h in handles for k in h.keys()]
     tensors = {}
     for handle, key in tqdm(sorted(keys, key=lambda hk: hk[1]), desc=f"loading {path.name}", unit="tensor"):
         t = handle.get_tensor(key)

@@ -159,12 +159,14 @@ class Handler:
 class ChatHandler(Handler):
     object_full, object_chunk, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
 
+    def logprobs(self, logprob_events: list[Event] | None) -> dict | None:
+        if logprob_events is None:
+            return None
+        return {"content": [chat_logprob(self.gen, e) for e in logprob_events]}
+
     def choice(self, text: str, logprob_events: list[Event] | None) -> dict:
-        logprobs = None
-        if logprob_events is not None:
-            logprobs = {"content": [chat_logprob(self.gen, e) for e in logprob_events]}
         return {"index": 0, "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs, "finish_reason": self.gen.finish_reason}
+                "logprobs": self.logprobs(logprob_events), "finish_reason": self.gen.finish_reason}
 
     def first_chunk(self) -> dict:
         return {**self.envelope(self.object_chunk),
@@ -172,28 +174,27 @@ class ChatHandler(Handler):
                              "logprobs": None, "finish_reason": None}]}
 
     def chunk(self, delta: str, logprob_events, finish_reason) -> dict:
-        logprobs = None
-        if logprob_events is not None:
-            logprobs = {"content": [chat_logprob(self.gen, e) for e in logprob_events]}
         return {**self.envelope(self.object_chunk),
                 "choices": [{"index": 0, "delta": {"content": delta} if delta else {},
-                             "logprobs": logprobs, "finish_reason": finish_reason}]}
+                             "logprobs": self.logprobs(logprob_events), "finish_reason": finish_reason}]}
 
 
 class CompletionHandler(Handler):
     object_full, object_chunk, id_prefix = "text_completion", "text_completion", "cmpl-"
 
+    def logprobs(self, logprob_events: list[Event] | None) -> dict | None:
+        return None if logprob_events is None else completion_logprobs(self.gen, logprob_events)
+
     def choice(self, text: str, logprob_events: list[Event] | None) -> dict:
-        logprobs = None if logprob_events is None else completion_logprobs(self.gen, logprob_events)
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": self.gen.finish_reason}
+        return {"index": 0, "text": text, "logprobs": self.logprobs(logprob_events),
+                "finish_reason": self.gen.finish_reason}
 
     def first_chunk(self) -> None:
         return None
 
     def chunk(self, delta: str, logprob_events, finish_reason) -> dict:
-        logprobs = None if logprob_events is None else completion_logprobs(self.gen, logprob_events)
-        return {**self.envelope(self.object_chunk),
-                "choices": [{"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
+        return {**self.envelope(self.object_chunk), "choices": [
+            {"index": 0, "text": delta, "logprobs": self.logprobs(logprob_events), "finish_reason": finish_reason}]}
 
 
 async def respond(handler: Handler):

@@ -74,13 +74,12 @@ def sampling_params(req, engine: Engine, prompt_len: int, max_tokens: int | None
     if problem:
         raise APIError(400, problem, param="messages" if isinstance(req, ChatRequest) else "prompt",
                        code="context_length_exceeded")
-    top_k = req.top_k or 0
     return SamplingParams(
         seed=new_seed() if req.seed is None else req.seed,
         max_tokens=max_tokens,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=0 if top_k < 0 else top_k,
+        top_k=max(req.top_k or 0, 0),
         logprobs=logprobs,
         ignore_eos=bool(req.ignore_eos))
 

@@ -59,7 +59,6 @@ class Tokenizer:
         if (path / "chat_template.jinja").exists():
             source = (path / "chat_template.jinja").read_text()
         self.template = compile_template(source) if source else None
-        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
 
     @property
     def eos_token_id(self) -> int | None:

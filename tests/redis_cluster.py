@@ -13,7 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from redis_process import RedisProcess, free_port
+from fakes.loopback import free_port
+from redis_process import RedisProcess
 
 CLUSTER_BUS_OFFSET = 10000  # fixed by Redis: each node also listens on port + 10000
 

@@ -12,30 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-
-def free_port(also_free: int = 0) -> int:
-    """A loopback port that is free now, and whose port + `also_free` is too (the
-    cluster bus listens on port + 10000)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if also_free == 0:
-            return port
-        if port + also_free < 65536 and _bindable(port + also_free):
-            return port
-    raise RuntimeError("no free loopback port pair found")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        # As redis-server does: lets the port be reused while old connections sit in TIME_WAIT.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+from fakes.loopback import bindable, free_port
 
 
 def ping(port: int, timeout: float = 0.2) -> bool:
@@ -56,7 +33,6 @@ class RedisProcess:
         self.extra = extra
         self.appendonly = appendonly
         self.proc: subprocess.Popen | None = None
-        self.starts = 0
 
     @property
     def url(self) -> str:
@@ -76,7 +52,6 @@ class RedisProcess:
         if self.running:
             raise RuntimeError(f"redis-server on port {self.port} is already running")
         self.proc = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.starts += 1
         end = time.monotonic() + timeout
         while not ping(self.port):
             if self.proc.poll() is not None:
@@ -102,7 +77,7 @@ class RedisProcess:
         self.kill9()
         # The kernel may hold the listening port for a moment after the kill.
         end = time.monotonic() + timeout
-        while not _bindable(self.port):
+        while not bindable(self.port):
             if time.monotonic() > end:
                 raise TimeoutError(f"port {self.port} still busy after kill")
             time.sleep(0.01)

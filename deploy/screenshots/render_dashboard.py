@@ -126,7 +126,7 @@ def draw_timeseries(ax, series, defaults, start: float, end: float) -> None:
 
 def draw_stat(ax, series, defaults, named: bool) -> None:
     ax.axis("off")
-    cells = [(name, last_finite(vs)) for name, _, vs in series] or []
+    cells = [(name, last_finite(vs)) for name, _, vs in series]
     for i, (name, value) in enumerate(cells):
         text, color = mapped(value, defaults)
         x = (i + 0.5) / len(cells)
@@ -185,7 +185,7 @@ def render(dashboard: dict, prometheus: str, start: float, end: float, out: Path
     width, height = 24 * CELL_W, rows * ROW_H + 0.9
     fig = plt.figure(figsize=(width, height), facecolor=BG)
     stamp = dt.datetime.fromtimestamp(end, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    fig.text(0.01, 1 - 0.3 / height, f"{dashboard['title']}", color=TEXT, fontsize=15, weight="bold", va="top")
+    fig.text(0.01, 1 - 0.3 / height, dashboard["title"], color=TEXT, fontsize=15, weight="bold", va="top")
     fig.text(0.99, 1 - 0.3 / height, f"drawn from live Prometheus queries, last {int((end - start) / 60)} min to {stamp} "
              "(not a Grafana screenshot)", color=MUTED, fontsize=8, va="top", ha="right")
     step = max(1.0, (end - start) / 300)

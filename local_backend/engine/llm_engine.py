@@ -130,7 +130,8 @@ class Engine:
     def submit(self, prompt: list[int], params: SamplingParams) -> tuple[int, asyncio.Queue]:
         seq_id = next(self._ids)
         sink: asyncio.Queue = asyncio.Queue()
-        self._inbox.put(("add", Sequence(seq_id, list(prompt), len(prompt), params, use_prefix_cache=self.prefix_caching), (asyncio.get_running_loop(), sink)))
+        seq = Sequence(seq_id, list(prompt), len(prompt), params, use_prefix_cache=self.prefix_caching)
+        self._inbox.put(("add", seq, (asyncio.get_running_loop(), sink)))
         return seq_id, sink
 
     def abort(self, seq_id: int) -> None:

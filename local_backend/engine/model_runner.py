@@ -49,7 +49,6 @@ class ModelRunner:
         self.dtype = model.w.embed.dtype
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
-        self.max_model_len = max_model_len
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
@@ -115,11 +114,11 @@ class ModelRunner:
         if not self.graphs or any(item.num_tokens != 1 for item in scheduled):
             return None
         b = len(scheduled)
-        kv_len = max(item.seq.num_computed_tokens + 1 for item in scheduled)
         size = min((s for s in self.graph_sizes if s >= b), default=None)
-        bound = min(x for x in self.graph_bounds if x >= kv_len)
         if size is None:
             return None
+        kv_len = max(item.seq.num_computed_tokens + 1 for item in scheduled)
+        bound = min(x for x in self.graph_bounds if x >= kv_len)
         ids, pos, batch = self._prepare(scheduled)
         self.g_ids[:b] = ids
         self.g_pos[:b] = pos

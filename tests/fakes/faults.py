@@ -27,7 +27,6 @@ import orjson
 from aiohttp import web
 
 FAULTS = ("ok", "500", "429", "reset", "slow_first_byte", "stall", "broken")
-LATE = ("stall", "broken")  # faults that strike after the answer started
 
 
 @dataclass

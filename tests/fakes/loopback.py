@@ -1,4 +1,4 @@
-"""Serve an aiohttp app on a free loopback port from a background thread.
+"""Free loopback ports, and an aiohttp app served on one from a background thread.
 
 A thread with its own event loop lets synchronous clients (the official `openai` client,
 `requests`-style code) and async tests talk to the server alike without blocking it.
@@ -12,10 +12,27 @@ import threading
 from aiohttp import web
 
 
-def free_port() -> int:
+def free_port(also_free: int = 0) -> int:
+    """A loopback port that is free now and, when `also_free` is given, whose port +
+    `also_free` is too (a Redis Cluster node's bus listens on port + 10000)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if also_free == 0 or (port + also_free < 65536 and bindable(port + also_free)):
+            return port
+    raise RuntimeError("no free loopback port pair found")
+
+
+def bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        # As redis-server does: lets the port be reused while old connections sit in TIME_WAIT.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class LoopbackServer:

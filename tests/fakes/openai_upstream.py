@@ -175,8 +175,6 @@ class FakeUpstream:
     async def _stream(self, request: web.Request, chunks: list[dict]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        # Write several events per TCP write, split at random, like a real provider under load.
-        wire = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
         breaking = self.behaviour.break_stream_after
         stall_s = None
         if self.behaviour.stall_stream_after is not None:
@@ -185,10 +183,10 @@ class FakeUpstream:
         if fault in ("stall", "broken"):
             breaking = self.faults.cut(len(chunks))
             stall_s = self.faults.plan.stall_s if fault == "stall" else None
-        if breaking is not None:
-            wire = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks[:breaking])
-        else:
+        wire = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks[:breaking])
+        if breaking is None:
             wire += b"data: [DONE]\n\n"
+        # Write several events per TCP write, split at random, like a real provider under load.
         at = 0
         while at < len(wire):
             step = self.rng.randint(1, 200)

@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 
 import pytest
@@ -15,6 +14,7 @@ from fakes.openai_upstream import FakeUpstream
 from gateway.app import create_app
 from gateway.config import Settings
 from gw_http import REPO, SECRET
+from redis_cluster import RedisCluster
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +30,13 @@ def upstream(upstream_server):
     fake, server = upstream_server
     fake.reset()
     return fake, server.url + "/v1"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A real 3-master Redis Cluster, one per test module that asks for it."""
+    with RedisCluster(tmp_path_factory.mktemp("cluster")) as c:
+        yield c
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-import openai
 from prometheus_client import generate_latest
 
 from fakes.loopback import LoopbackServer
@@ -30,10 +29,6 @@ def noisy_gateway(fake: NoisyUpstream, upstream: dict | None = None, **overrides
         values = {"upstreams": [config], "secret": SECRET, "log_level": "WARNING", **overrides}
         with LoopbackServer(create_app(Settings.model_validate(values))) as gw:
             yield gw
-
-
-def client(gw: LoopbackServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
 
 
 def metric(gw: LoopbackServer, line_start: str) -> float:

@@ -36,6 +36,15 @@ def succeed(b, n=1):
         b.record(b.allow(), False)
 
 
+def half_open(**config) -> Breaker:
+    """A breaker that one failure opened and whose open period has just run out."""
+    clock = Clock()
+    b = Breaker("up", BreakerConfig(consecutive_failures=1, open_for=1, **config), clock)
+    fail(b)
+    clock.now += 1
+    return b
+
+
 def test_opens_after_consecutive_failures_and_fails_fast():
     clock = Clock()
     b = Breaker("up", BreakerConfig(consecutive_failures=3, open_for=5), clock)
@@ -140,10 +149,7 @@ async def test_guard_counts_upstream_failures_but_not_client_errors():
 
 
 async def test_half_open_admits_exactly_the_probe_limit_under_concurrency():
-    clock = Clock()
-    b = Breaker("up", BreakerConfig(consecutive_failures=1, open_for=1, half_open_probes=2), clock)
-    fail(b)
-    clock.now += 1
+    b = half_open(half_open_probes=2)
     gate = asyncio.Event()
     ran = []
 
@@ -162,10 +168,7 @@ async def test_half_open_admits_exactly_the_probe_limit_under_concurrency():
 
 
 async def test_an_error_on_our_side_of_the_wire_is_no_verdict_on_the_upstream():
-    clock = Clock()
-    b = Breaker("up", BreakerConfig(consecutive_failures=1, open_for=1), clock)
-    fail(b)
-    clock.now += 1
+    b = half_open()
     with pytest.raises(ValueError):
         async with b.guard():
             raise ValueError("a bug, or a full queue: the upstream was never asked")
@@ -176,10 +179,7 @@ async def test_an_error_on_our_side_of_the_wire_is_no_verdict_on_the_upstream():
 
 
 async def test_a_cancelled_probe_frees_its_slot_without_a_verdict():
-    clock = Clock()
-    b = Breaker("up", BreakerConfig(consecutive_failures=1, open_for=1), clock)
-    fail(b)
-    clock.now += 1
+    b = half_open()
 
     async def probe():
         async with b.guard():

@@ -10,7 +10,7 @@ import sys
 import orjson
 import redis
 
-from gw_http import CHAT, REPO, SECRET, post
+from gw_http import CHAT, REPO, SECRET, post, serve_args
 
 REQUESTS = [
     ("/v1/chat/completions", CHAT),
@@ -23,10 +23,6 @@ REQUESTS = [
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gateway", *args], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
-
-
-def serve_args(upstream_url: str, redis_url: str, *extra: str) -> list[str]:
-    return ["--upstream", f"fake={upstream_url}", "--redis-url", redis_url, "--secret", SECRET, *extra]
 
 
 def flush(redis_url: str) -> None:

@@ -1,9 +1,7 @@
 """x-detgate-cache-control: no-store, no-cache, only-if-cached."""
 from __future__ import annotations
 
-from gw_http import CHAT, post
-
-from test_gateway_errors import assert_openai_error
+from gw_http import CHAT, assert_openai_error, post
 
 
 def cc(value: str) -> dict[str, str]:

@@ -4,20 +4,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from gw_http import CHAT, get, post, sse_payloads
-
-
-def assert_openai_error(reply, status: int, param: str | None = None, code: str | None = None) -> dict:
-    assert reply.status == status, reply.body
-    assert reply.headers["content-type"].startswith("application/json")
-    error = reply.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["message"] and "Traceback" not in error["message"]
-    if param is not None:
-        assert error["param"] == param
-    if code is not None:
-        assert error["code"] == code
-    return error
+from gw_http import CHAT, assert_openai_error, client, get, post, sse_payloads
 
 
 @pytest.mark.parametrize("body, param", [
@@ -69,7 +56,7 @@ def test_unknown_route_and_method(upstream, gateway):
 
 
 def test_openai_client_raises_its_own_error_types(upstream, gateway):
-    api = openai.OpenAI(base_url=gateway().url + "/v1", api_key="unused", max_retries=0)
+    api = client(gateway().url)
     with pytest.raises(openai.BadRequestError) as caught:
         api.chat.completions.create(model="fake/m1", messages=[{"role": "user", "content": "x"}], temperature=9)
     assert caught.value.param == "temperature"

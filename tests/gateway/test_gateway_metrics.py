@@ -5,23 +5,8 @@ import asyncio
 
 import aiohttp
 import orjson
-from prometheus_client.parser import text_string_to_metric_families
 
-from gw_http import CHAT, get, post
-
-
-def samples(url: str) -> dict[tuple[str, tuple], float]:
-    reply = get(url, "/metrics")
-    assert reply.status == 200 and reply.headers["content-type"].startswith("text/plain")
-    out = {}
-    for family in text_string_to_metric_families(reply.body.decode()):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(metrics, name: str, **labels) -> float:
-    return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
+from gw_http import CHAT, post, samples, value
 
 
 async def test_metrics_count_what_happened(upstream, gateway):

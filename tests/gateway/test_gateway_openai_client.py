@@ -4,13 +4,9 @@ from __future__ import annotations
 import openai
 import orjson
 
-from gw_http import CHAT, post, sse_payloads
+from gw_http import CHAT, client, post, sse_payloads
 
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
-
-
-def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
 
 def test_sync_client_gets_the_same_bytes_every_time(upstream, gateway):

@@ -11,27 +11,14 @@ import aiohttp
 import orjson
 import redis
 
-from gw_http import CHAT, REPO, SECRET, post
-
-
-def serve_args(upstream_url: str, redis_url: str, *extra: str) -> list[str]:
-    return ["--upstream", f"fake={upstream_url}", "--redis-url", redis_url, "--secret", SECRET, *extra]
-
-
-async def _post_all(urls: list[str], body: dict) -> list[tuple[str, bytes]]:
-    async with aiohttp.ClientSession() as session:
-        async def one(url):
-            async with session.post(url + "/v1/chat/completions", data=orjson.dumps(body)) as r:
-                assert r.status == 200, await r.text()
-                return r.headers["x-detgate-cache"], await r.read()
-        return await asyncio.gather(*(one(u) for u in urls))
+from gw_http import CHAT, REPO, post, post_all, serve_args
 
 
 async def test_two_replicas_make_one_upstream_call(upstream, redis_url, gateway_process):
     fake, url = upstream
     fake.behaviour.delay_s = 1.5
     a, b = gateway_process(serve_args(url, redis_url)), gateway_process(serve_args(url, redis_url))
-    results = await _post_all([a.url, b.url] * 5, CHAT)
+    results = await post_all([a.url, b.url] * 5, CHAT)
     assert fake.started == 1
     assert sorted(c for c, _ in results) == ["coalesced"] * 9 + ["miss"]
     assert len({body for _, body in results}) == 1
@@ -47,7 +34,7 @@ async def test_a_dead_holder_is_taken_over_after_its_lease(upstream, redis_url, 
         while fake.started == 0:
             await asyncio.sleep(0.01)
         fake.behaviour.delay_s = 0
-        waiter = asyncio.ensure_future(_post_all([b.url], CHAT))
+        waiter = asyncio.ensure_future(post_all([b.url], CHAT))
         await asyncio.sleep(0.2)
         assert not waiter.done()  # B waits on A's lock rather than calling upstream itself
         a.kill()  # ...and A dies holding the lock

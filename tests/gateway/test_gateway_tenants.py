@@ -1,9 +1,7 @@
 """Tenants: gateway keys pick the tenant, and tenants never share entries."""
 from __future__ import annotations
 
-from gw_http import CHAT, post
-
-from test_gateway_errors import assert_openai_error
+from gw_http import CHAT, assert_openai_error, post
 
 TENANTS = {"acme": "gw-key-acme", "globex": "gw-key-globex"}
 

@@ -1,20 +1,15 @@
 """n > 1 split into n one-answer requests, each cached on its own key, merged in order."""
 from __future__ import annotations
 
-import openai
 import orjson
 
-from gw_http import CHAT, post, sse_payloads
-
-
-def api(gw) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+from gw_http import CHAT, client, post, sse_payloads
 
 
 def test_n_is_answered_by_n_seeded_requests_merged_in_order_and_replayed_byte_for_byte(upstream, gateway):
     fake, _ = upstream
-    gw = gateway()
-    first = api(gw).chat.completions.with_raw_response.create(model="fake/m1", messages=CHAT["messages"], n=3, seed=5)
+    api = client(gateway().url)
+    first = api.chat.completions.with_raw_response.create(model="fake/m1", messages=CHAT["messages"], n=3, seed=5)
     assert sorted(body["seed"] for _, body in fake.calls) == [5, 6, 7]
     assert not any("n" in body for _, body in fake.calls)
     completion = first.parse()
@@ -22,10 +17,10 @@ def test_n_is_answered_by_n_seeded_requests_merged_in_order_and_replayed_byte_fo
     assert completion.usage.completion_tokens == sum(len(c.message.content.split()) for c in completion.choices)
     assert len(first.headers["x-detgate-key"].split(",")) == 3 and first.headers["x-detgate-cache"] == "miss"
     assert "n=3 answered as 3 requests with seeds 5..7" in first.headers["x-detgate-warnings"]
-    again = api(gw).chat.completions.with_raw_response.create(model="fake/m1", messages=CHAT["messages"], n=3, seed=5)
+    again = api.chat.completions.with_raw_response.create(model="fake/m1", messages=CHAT["messages"], n=3, seed=5)
     assert again.headers["x-detgate-cache"] == "hit" and again.http_response.content == first.http_response.content
     # Choice 1 is the answer for seed 6: a plain request with that seed is a hit on its part.
-    one = api(gw).chat.completions.with_raw_response.create(model="fake/m1", messages=CHAT["messages"], seed=6)
+    one = api.chat.completions.with_raw_response.create(model="fake/m1", messages=CHAT["messages"], seed=6)
     assert one.headers["x-detgate-cache"] == "hit"
     assert one.parse().choices[0].message.content == completion.choices[1].message.content
     assert len(fake.calls) == 3

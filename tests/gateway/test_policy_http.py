@@ -1,17 +1,12 @@
 """Model pinning and parameter de-randomization through the gateway, over loopback HTTP."""
 from __future__ import annotations
 
-import openai
 import pytest
 
-from gw_http import CHAT, post
+from gw_http import CHAT, client, post
 from noisy_gw import metric
 
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
-
-
-def api(gw) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
 
 
 def fake_upstream(url: str, **fields) -> list[dict]:
@@ -21,34 +16,34 @@ def fake_upstream(url: str, **fields) -> list[dict]:
 def test_an_alias_is_pinned_before_keying_and_sent_pinned(upstream, gateway):
     fake, _ = upstream
     gw = gateway()
-    first = api(gw).chat.completions.with_raw_response.create(model="fake/gpt-4o", messages=MESSAGES)
+    first = client(gw.url).chat.completions.with_raw_response.create(model="fake/gpt-4o", messages=MESSAGES)
     assert fake.calls[0][1]["model"] == "gpt-4o-2024-08-06"
     assert "model gpt-4o pinned to gpt-4o-2024-08-06" in first.headers["x-detgate-warnings"]
-    pinned = api(gw).chat.completions.with_raw_response.create(model="fake/gpt-4o-2024-08-06", messages=MESSAGES)
+    pinned = client(gw.url).chat.completions.with_raw_response.create(model="fake/gpt-4o-2024-08-06", messages=MESSAGES)
     assert pinned.headers["x-detgate-cache"] == "hit" and pinned.headers["x-detgate-key"] == first.headers["x-detgate-key"]
 
 
 def test_config_overrides_and_unpins_aliases(upstream, gateway):
     fake, _ = upstream
     gw = gateway(aliases={"gpt-4o": "gpt-4o-2024-11-20", "gpt-4": False})
-    api(gw).chat.completions.create(model="fake/gpt-4o", messages=MESSAGES)
-    api(gw).chat.completions.create(model="fake/gpt-4", messages=MESSAGES)
+    client(gw.url).chat.completions.create(model="fake/gpt-4o", messages=MESSAGES)
+    client(gw.url).chat.completions.create(model="fake/gpt-4", messages=MESSAGES)
     assert [body["model"] for _, body in fake.calls] == ["gpt-4o-2024-11-20", "gpt-4"]
 
 
 def test_enforce_sends_and_keys_the_derandomized_request_and_says_what_changed(upstream, gateway):
     fake, _ = upstream
     gw = gateway()
-    raw = api(gw).chat.completions.with_raw_response.create(model="fake/m1", messages=MESSAGES, top_p=0.5,
-                                                            extra_body={"top_k": 40})
+    raw = client(gw.url).chat.completions.with_raw_response.create(model="fake/m1", messages=MESSAGES, top_p=0.5,
+                                                                   extra_body={"top_k": 40})
     sent = fake.calls[0][1]
     assert (sent["temperature"], sent["top_p"], sent["seed"], "top_k" in sent) == (0, 1, 0, False)
     warnings = raw.headers["x-detgate-warnings"]
     assert "top_p forced to 1 (was 0.5)" in warnings and "top_k removed" in warnings and "seed set to 0" in warnings
     assert metric(gw, 'detgate_param_rewrites_total{param="top_p"}') == 1
     # The same request as it was sent upstream is the same key: a hit.
-    same = api(gw).chat.completions.with_raw_response.create(model="fake/m1", messages=MESSAGES, temperature=0,
-                                                             top_p=1, seed=0)
+    same = client(gw.url).chat.completions.with_raw_response.create(model="fake/m1", messages=MESSAGES, temperature=0,
+                                                                    top_p=1, seed=0)
     assert same.headers["x-detgate-cache"] == "hit" and "x-detgate-warnings" not in same.headers
 
 

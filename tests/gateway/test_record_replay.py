@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from gw_http import CHAT, post, sse_payloads
+from gw_http import CHAT, client, post, sse_payloads
 
 GOODBYE = {**CHAT, "messages": [{"role": "user", "content": "Say goodbye."}]}
 
@@ -48,8 +48,7 @@ def test_a_replay_miss_hint_is_truncated(upstream, gateway, redis_url):
 
 def test_replay_through_the_openai_client(upstream, gateway, redis_url):
     normal, replay = pair(gateway, redis_url, "replay")
-    recorded = openai.OpenAI(base_url=normal.url + "/v1", api_key="unused", max_retries=0)
-    replaying = openai.OpenAI(base_url=replay.url + "/v1", api_key="unused", max_retries=0)
+    recorded, replaying = client(normal.url), client(replay.url)
     first = recorded.chat.completions.create(model="fake/m1", messages=CHAT["messages"])
     again = replaying.chat.completions.create(model="fake/m1", messages=CHAT["messages"])
     assert again.model_dump() == first.model_dump()

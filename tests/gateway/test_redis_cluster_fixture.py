@@ -14,7 +14,6 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from gateway.ratelimit import Limit, LocalRateLimiter, RedisRateLimiter
-from redis_cluster import RedisCluster
 
 RELEASE_IF_MINE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -24,12 +23,6 @@ RENEW_IF_MINE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with RedisCluster(tmp_path_factory.mktemp("cluster")) as c:
-        yield c
 
 
 @pytest.fixture

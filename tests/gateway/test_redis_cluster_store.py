@@ -10,15 +10,7 @@ import redis
 
 import test_gateway_stores as contract
 from gateway.redis_store import RedisStore, entry_name
-from gw_http import CHAT, SECRET, post
-from redis_cluster import RedisCluster
-from test_gateway_replicas import _post_all
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with RedisCluster(tmp_path_factory.mktemp("cluster")) as c:
-        yield c
+from gw_http import CHAT, post, post_all, serve_args
 
 
 @pytest.fixture
@@ -42,10 +34,10 @@ async def test_the_cluster_store_keeps_the_store_contract(cluster_url, promise):
 
 async def test_two_gateways_on_a_cluster_make_one_upstream_call(upstream, cluster, cluster_url, gateway_process):
     fake, url = upstream
-    args = ["--upstream", f"fake={url}", "--redis-url", cluster_url, "--secret", SECRET, "--near-cache-ttl-s", "0"]
+    args = serve_args(url, cluster_url, "--near-cache-ttl-s", "0")
     a, b = gateway_process(args), gateway_process(args)
     fake.behaviour.delay_s = 1.0
-    results = await _post_all([a.url, b.url] * 5, CHAT)
+    results = await post_all([a.url, b.url] * 5, CHAT)
     assert fake.started == 1
     assert sorted(c for c, _ in results) == ["coalesced"] * 9 + ["miss"]
     assert len({body for _, body in results}) == 1

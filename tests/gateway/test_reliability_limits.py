@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gw_http import CHAT, SECRET, post
-from test_gateway_metrics import samples, value
+from gw_http import CHAT, SECRET, post, samples, value
 
 KEYS = {"alice": "sk-alice-0001", "bob": "sk-bob-0002"}
 

@@ -8,8 +8,7 @@ import time
 import aiohttp
 import orjson
 
-from gw_http import CHAT, post, sse_payloads
-from test_gateway_metrics import samples, value
+from gw_http import CHAT, post, samples, sse_payloads, value
 
 ONLY_CACHED = {"x-detgate-cache-control": "only-if-cached"}
 

@@ -6,8 +6,8 @@ import orjson
 import pytest
 
 from fakes.noisy_upstream import INVALID, NoisyUpstream
-from gw_http import post
-from noisy_gw import ANSWER, ANSWER_SCHEMA, QUESTION, client, metric, noisy_gateway
+from gw_http import client, post
+from noisy_gw import ANSWER, ANSWER_SCHEMA, QUESTION, metric, noisy_gateway
 
 SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}}
 WEATHER = [{"type": "function", "function": {"name": "weather", "parameters": {
@@ -17,8 +17,8 @@ RELIABLE = {"upstream_max_attempts": 1, "breaker_failures": 0}  # the gateway's 
 
 def ask(gw, headers=None, **kwargs):
     kwargs.setdefault("response_format", SCHEMA_FORMAT)
-    return client(gw).chat.completions.with_raw_response.create(model="m1", messages=QUESTION,
-                                                                extra_headers=headers or {}, **kwargs)
+    return client(gw.url).chat.completions.with_raw_response.create(model="m1", messages=QUESTION,
+                                                                    extra_headers=headers or {}, **kwargs)
 
 
 def test_an_invalid_answer_is_retried_with_the_next_seed_and_only_the_valid_one_is_cached():

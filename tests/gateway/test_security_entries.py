@@ -10,8 +10,7 @@ import redis
 
 from gateway.auth import Tenants
 from gateway.redis_store import entry_name
-from gw_http import CHAT, post
-from test_gateway_metrics import samples, value
+from gw_http import CHAT, post, samples, value
 
 KEYS = {"acme": "gw-key-acme", "globex": "gw-key-globex"}
 ONLY_CACHED = {"x-detgate-cache-control": "only-if-cached"}

@@ -8,16 +8,16 @@ import orjson
 import pytest
 
 from fakes.noisy_upstream import NoisyUpstream
-from gw_http import SECRET, post
-from noisy_gw import ANSWER, QUESTION, client, metric, noisy_gateway
+from gw_http import SECRET, client, post
+from noisy_gw import ANSWER, QUESTION, metric, noisy_gateway
 
 VOTE3 = {"x-detgate-vote": "3"}
 ANSWER_RULE = {"*": {"extractor": ANSWER}}
 
 
 def ask(gw, headers=VOTE3, **kwargs):
-    return client(gw).chat.completions.with_raw_response.create(model="m1", messages=QUESTION, extra_headers=headers,
-                                                                **kwargs)
+    return client(gw.url).chat.completions.with_raw_response.create(model="m1", messages=QUESTION,
+                                                                    extra_headers=headers, **kwargs)
 
 
 def answer_of(raw) -> str:
@@ -75,7 +75,7 @@ def test_a_vote_configured_per_model_runs_without_a_header():
     fake = NoisyUpstream(by_seed={0: "yes", 1: "yes"})
     with noisy_gateway(fake, strategies={"m*": {"vote": 3, "extractor": ANSWER}}) as gw:
         assert ask(gw, {}).headers["x-detgate-votes"] == "2/3"
-        other = client(gw).chat.completions.with_raw_response.create(model="other", messages=QUESTION)
+        other = client(gw.url).chat.completions.with_raw_response.create(model="other", messages=QUESTION)
         assert "x-detgate-votes" not in other.headers
 
 

@@ -7,7 +7,6 @@ loopback port, driven by the official openai client.
 """
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import aiohttp
@@ -16,6 +15,7 @@ import pytest
 from aiohttp import web
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from fakes.loopback import free_port
 from local_backend.config import EngineConfig
 from local_backend.engine.llm_engine import Engine
 from local_backend.metrics import Metrics
@@ -93,12 +93,6 @@ def make_engine(path, **overrides) -> Engine:
 @pytest.fixture(scope="session")
 def engines(checkpoints) -> dict:
     return {arch: make_engine(path) for arch, path in checkpoints.items()}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def metric(url: str, name: str) -> float:
