@@ -11,7 +11,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.auth import authenticate, upstream_authorization
-from gateway.entry import DONE, CorruptEntry, Entry, TamperedEntry, sse_event
+from gateway.entry import DONE, Entry, sse_event
 from gateway.errors import ApiError, UpstreamError, error_body
 from gateway.drift import DriftMonitor, fingerprint_of
 from gateway.feed import Feed
@@ -21,10 +21,10 @@ from gateway.fanout import merged
 from gateway.hidden_vars import scan, warning
 from gateway.policy import Hints
 from gateway.prepare import Prepared
-from gateway.singleflight import Flight, Outcome
-from gateway.state import CACHE, GATEWAY, KEY, METRICS, MODEL, PREPARED, SEALER, SECRET, SETTINGS, TENANT, TENANTS
+from gateway.singleflight import Flight, Outcome, Produce
+from gateway.state import CACHE, GATEWAY, KEY, METRICS, MODEL, PREPARED, SECRET, SETTINGS, TENANT, TENANTS
 from gateway.store import StoreError
-from gateway.strategy import STRATEGIES, Call
+from gateway.strategy import Call, single
 from gateway.strategy_spec import SINGLE
 from gateway.vote_strategy import choose, meta_headers
 from gateway.watch import DRIFT, UPSTREAM
@@ -65,16 +65,16 @@ def cached_route(route: str):
         request[TENANT], request[MODEL], request[KEY] = prepared.tenant, prepared.model, prepared.key
         metrics = app[METRICS]
         for rule in prepared.rules:
-            metrics.canonical_rules.labels(rule).inc()
+            metrics.count(metrics.canonical_rules, rule)
         for param in prepared.rewrites:
-            metrics.rewrote(param)
+            metrics.count(metrics.param_rewrites, param)
         control = cache_control(request.headers.get("x-detgate-cache-control"))
         mode = app[SETTINGS].mode
         if mode != "normal":
             control = MODE_CONTROLS[mode]
-        key, call, stream = prepared.key, prepared.call, prepared.call.stream
+        call, stream = prepared.call, prepared.call.stream
         drift = app[DRIFT]
-        key = request[KEY] = drift.key(key, call.upstream.name, prepared.model)
+        key = request[KEY] = drift.key(prepared.key, call.upstream.name, prepared.model)
         request[UPSTREAM] = call.upstream.name
         headers = {"x-detgate-key": key}
         if prepared.warnings:
@@ -85,37 +85,18 @@ def cached_route(route: str):
             await admit(request, gateway.limiter, prepared.tenant)
         if prepared.split:
             return await _answer_split(request, prepared, control, headers)
-        if control == "no-store":
-            _flag_hidden(request, call, headers)
-            feed = Feed()
-            task = asyncio.create_task(_unshared(_producer(call, gateway.client, drift, prepared.model, headers), feed))
-            return await _answer(request, Flight(feed, task), stream, "bypass", headers, bypass="no-store")
-        refresh = control == "no-cache"
-        store_down = False
-        if not refresh:
-            entry, corrupt, store_down = await _lookup(request, key)
-            if entry is not None:
-                return _respond(request, entry, stream, "hit", headers)
-            if mode == "replay":
-                raise replay_unavailable(headers) if store_down else replay_miss(key, call.body, headers)
-            if control == "only-if-cached":
-                raise ApiError(404, f"No cached answer for key {key} (x-detgate-cache-control: only-if-cached).",
-                               param="x-detgate-cache-control", code="cache_miss", headers=headers)
-            refresh = corrupt
+        found = await _find_or_fly(request, key, call, control,
+                                   _producer(call, gateway.client, drift, prepared.model, headers), headers)
+        if isinstance(found, Entry):
+            return _respond(request, found, stream, "hit", headers)
         _flag_hidden(request, call, headers)
-        flight, leader = gateway.flights.join(key, _producer(call, gateway.client, drift, prepared.model, headers),
-                                              refresh=refresh)
-        if not leader:
-            metrics.coalesced.labels(route).inc()
-        if store_down:
-            return await _answer(request, flight, stream, "bypass", headers, bypass="store_down")
-        return await _answer(request, flight, stream, "miss" if leader else "coalesced", headers)
+        return await _answer(request, *found, stream, headers)
 
     return handler
 
 
 def _producer(call: Call, client, drift: DriftMonitor, model: str, headers: dict[str, str]):
-    strategy = STRATEGIES["single"] if call.spec is SINGLE else choose
+    strategy = single if call.spec is SINGLE else choose
 
     async def produce(feed: Feed) -> Entry:
         entry = await strategy(call, client, feed)
@@ -138,7 +119,7 @@ def _flag_hidden(request: web.Request, call: Call, headers: dict[str, str]) -> N
     metrics = request.app[METRICS]
     for finding in findings:
         metrics.hidden_variables.labels(finding.kind).inc()
-    headers["x-detgate-warnings"] = "; ".join(filter(None, (headers.get("x-detgate-warnings"), warning(findings))))
+    _warn(headers, warning(findings))
 
 
 async def _answer_split(request: web.Request, prepared: Prepared, control: str | None, headers: dict[str, str]) -> web.Response:
@@ -165,34 +146,71 @@ async def _part(request: web.Request, key: str, call: Call, control: str | None,
                 headers: dict[str, str]) -> tuple[Entry, str]:
     """One part of a split: (its entry, how it was found)."""
     app = request.app
-    gateway = app[GATEWAY]
-    produce = _producer(call, gateway.client, app[DRIFT], model, headers)
-    if control == "no-store":
-        feed = Feed()
-        return (await asyncio.shield(asyncio.create_task(_unshared(produce, feed)))).entry, "bypass"
-    refresh = control == "no-cache"
-    if not refresh:
-        entry, corrupt, _ = await _lookup(request, key)
-        if entry is not None:
-            return entry, "hit"
-        if app[SETTINGS].mode == "replay":
-            raise replay_miss(key, call.body, headers)
-        if control == "only-if-cached":
-            raise ApiError(404, f"No cached answer for key {key} (x-detgate-cache-control: only-if-cached).",
-                           param="x-detgate-cache-control", code="cache_miss", headers=headers)
-        refresh = corrupt
-    flight, leader = gateway.flights.join(key, produce, refresh=refresh)
+    found = await _find_or_fly(request, key, call, control,
+                               _producer(call, app[GATEWAY].client, app[DRIFT], model, headers), headers)
+    if isinstance(found, Entry):
+        return found, "hit"
+    flight, cache = found
     outcome = await asyncio.shield(flight.task)
-    if not outcome.stored:
-        return outcome.entry, "bypass"
-    return outcome.entry, "miss" if leader and outcome.filled else "coalesced"
+    return outcome.entry, _settle(request, outcome, cache)
 
 
-async def _unshared(produce, feed: Feed) -> Outcome:
-    try:
-        return Outcome(await produce(feed), filled=True)
-    finally:
-        feed.close()
+async def _find_or_fly(request: web.Request, key: str, call: Call, control: str | None, produce: Produce,
+                       headers: dict[str, str]) -> Entry | tuple[Flight, str]:
+    """The cache's side of answering one key, the same for a whole request and for each part
+    of a split: the stored entry on a hit, else the flight that fills it and the cache label
+    it starts under. Counts coalesced requests and bypasses known from the start."""
+    app = request.app
+    metrics = app[METRICS]
+    if control == "no-store":
+        metrics.cache_bypass.labels("no-store").inc()
+        return _unshared(produce), "bypass"
+    refresh = control == "no-cache"
+    store_down = False
+    if not refresh:
+        entry, corrupt, store_down = await _lookup(request, key)
+        if entry is not None:
+            return entry
+        if app[SETTINGS].mode == "replay":
+            raise replay_unavailable(headers) if store_down else replay_miss(key, call.body, headers)
+        if control == "only-if-cached":
+            raise _not_cached(key, headers)
+        refresh = corrupt
+    flight, leader = app[GATEWAY].flights.join(key, produce, refresh=refresh)
+    if not leader:
+        metrics.coalesced.labels(request.match_info.route.name or "").inc()
+    if store_down:
+        metrics.cache_bypass.labels("store_down").inc()
+        return flight, "bypass"
+    return flight, "miss" if leader else "coalesced"
+
+
+def _settle(request: web.Request, outcome: Outcome, cache: str) -> str:
+    """The cache label an answer goes out under, once its flight has landed."""
+    metrics = request.app[METRICS]
+    if not outcome.filled and cache == "miss":
+        cache = "coalesced"  # another replica's call answered it
+        metrics.coalesced.labels(request.match_info.route.name or "").inc()
+    if not outcome.stored and cache != "bypass":
+        # The store failed while this answer was being filled: it went out uncached.
+        if request.app[SETTINGS].cache_failure == "fail-closed":
+            raise store_unavailable("the answer could not be stored")
+        cache = "bypass"
+        metrics.cache_bypass.labels("store_down").inc()
+    return cache
+
+
+def _unshared(produce: Produce) -> Flight:
+    """A flight of this request's own, for no-store: joined by no one, stored nowhere."""
+    feed = Feed()
+
+    async def fly() -> Outcome:
+        try:
+            return Outcome(await produce(feed), filled=True)
+        finally:
+            feed.close()
+
+    return Flight(feed, asyncio.create_task(fly()))
 
 
 async def admit(request: web.Request, limiter: TenantLimiter, tenant: str) -> None:
@@ -200,6 +218,11 @@ async def admit(request: web.Request, limiter: TenantLimiter, tenant: str) -> No
     if not decision.allowed:
         request.app[METRICS].rate_limited.labels(tenant).inc()
         raise rate_limited(tenant, decision)
+
+
+def _not_cached(key: str, headers: dict[str, str]) -> ApiError:
+    return ApiError(404, f"No cached answer for key {key} (x-detgate-cache-control: only-if-cached).",
+                    param="x-detgate-cache-control", code="cache_miss", headers=headers)
 
 
 def store_unavailable(what: str) -> ApiError:
@@ -221,14 +244,8 @@ async def _lookup(request: web.Request, key: str) -> tuple[Entry | None, bool, b
         return None, False, True
     if raw is None:
         return None, False, False
-    try:
-        return app[SEALER].open(key, raw), False, False
-    except CorruptEntry as exc:
-        if isinstance(exc, TamperedEntry):
-            app[METRICS].cache_tamper.inc()
-        else:
-            app[METRICS].cache_errors.labels("decode").inc()
-        return None, True, False
+    entry = app[GATEWAY].flights.unseal(key, raw)
+    return entry, entry is None, False
 
 
 def _respond(request: web.Request, entry: Entry, stream: bool, cache: str, headers: dict[str, str]) -> web.Response:
@@ -241,34 +258,21 @@ def _respond(request: web.Request, entry: Entry, stream: bool, cache: str, heade
     return web.Response(body=entry.body, headers=headers, content_type="application/json")
 
 
-async def _answer(request: web.Request, flight: Flight, stream: bool, cache: str,
-                  headers: dict[str, str], bypass: str | None = None) -> web.StreamResponse:
+async def _answer(request: web.Request, flight: Flight, cache: str, stream: bool,
+                  headers: dict[str, str]) -> web.StreamResponse:
     """Serve a flight's answer: live events while they come when streaming, else the entry.
 
     Waits are shielded: this request going away must not cancel a call others share.
-    `bypass` is why the cache is out of the picture from the start, if it is.
     """
     request[CACHE] = cache
-    if bypass is not None:
-        request.app[METRICS].cache_bypass.labels(bypass).inc()
     if stream:
         await asyncio.shield(flight.feed.started())
     if not (stream and flight.feed.events):
         try:
             outcome = await asyncio.shield(flight.task)
         except UpstreamError as exc:
-            request[CACHE] = cache
             return _upstream_error(exc, {**headers, "x-detgate-cache": cache})
-        if not outcome.filled and cache == "miss":
-            cache = "coalesced"  # another replica's call answered it
-            request.app[METRICS].coalesced.labels(request.match_info.route.name or "").inc()
-        if not outcome.stored and cache != "bypass":
-            # The store failed while this answer was being filled: it went out uncached.
-            if request.app[SETTINGS].cache_failure == "fail-closed":
-                raise store_unavailable("the answer could not be stored")
-            cache = "bypass"
-            request.app[METRICS].cache_bypass.labels("store_down").inc()
-        return _respond(request, outcome.entry, stream, cache, headers)
+        return _respond(request, outcome.entry, stream, _settle(request, outcome, cache), headers)
     return await _stream_live(request, flight, cache, headers)
 
 
@@ -279,12 +283,12 @@ def _warn(headers: dict[str, str], warning: str) -> None:
 async def _stream_live(request: web.Request, flight: Flight, cache: str, headers: dict[str, str]) -> web.StreamResponse:
     feed = flight.feed
     first = orjson.loads(feed.events[0])
-    model = first.get("model") if isinstance(first, dict) else None
-    drift = request.app[DRIFT].peek(request[UPSTREAM], request[MODEL],
-                                    first.get("system_fingerprint") if isinstance(first, dict) else None)
+    first = first if isinstance(first, dict) else {}
+    drift = request.app[DRIFT].peek(request[UPSTREAM], request[MODEL], first.get("system_fingerprint"))
     if drift is not None:
         _warn(headers, drift)
-    response = web.StreamResponse(headers={**headers, "x-detgate-cache": cache, "x-detgate-model-version": str(model or ""),
+    response = web.StreamResponse(headers={**headers, "x-detgate-cache": cache,
+                                           "x-detgate-model-version": str(first.get("model") or ""),
                                            "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     try:
         await response.prepare(request)

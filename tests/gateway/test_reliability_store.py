@@ -12,9 +12,8 @@ import time
 import pytest
 
 from fakes.loopback import free_port
-from gw_http import CHAT, REPO, SECRET, post
+from gw_http import CHAT, REPO, SECRET, post, samples, value
 from redis_process import RedisProcess
-from test_gateway_metrics import samples, value
 
 
 @pytest.fixture
@@ -51,6 +50,20 @@ def test_fail_closed_refuses_with_a_503_while_the_store_is_down(upstream, gatewa
     assert len(fake.calls) == 1  # refused before any upstream call
     redis_proc.restart()
     assert post(gw.url, "/v1/chat/completions", {**CHAT, "seed": 1}).cache == "miss"
+
+
+def test_a_split_request_meets_a_down_store_like_a_single_one(upstream, gateway, redis_proc):
+    fake, _ = upstream
+    open_gw = gateway(redis_url=redis_proc.url, near_cache_ttl_s=0)
+    replay_gw = gateway(redis_url=redis_proc.url, near_cache_ttl_s=0, mode="replay")
+    redis_proc.kill9()
+    down = post(open_gw.url, "/v1/chat/completions", {**CHAT, "n": 2})
+    assert (down.status, down.cache) == (200, "bypass")
+    assert value(samples(open_gw.url), "detgate_cache_bypass_total", reason="store_down") == 2  # one per part
+    calls = len(fake.calls)
+    replayed = post(replay_gw.url, "/v1/chat/completions", {**CHAT, "n": 2})
+    assert replayed.status == 503 and replayed.json()["error"]["code"] == "cache_unavailable"
+    assert len(fake.calls) == calls  # replay never calls upstream
 
 
 def test_fail_open_starts_without_its_redis_and_caches_once_it_appears(upstream, gateway, tmp_path):
