@@ -26,7 +26,7 @@ from gateway.prepare import PreparedMemo
 from gateway.redis_store import RedisStore
 from gateway.resilience import Resilience
 from gateway.singleflight import SingleFlight
-from gateway.state import ACCESS_LOG, GATEWAY, PREPARED, METRICS, SEALER, SECRET, SETTINGS, TENANTS, Gateway
+from gateway.state import ACCESS_LOG, GATEWAY, PREPARED, METRICS, SECRET, SETTINGS, TENANTS, Gateway
 from gateway.store import Store, StoreError
 from gateway.status import status
 from gateway.upstream import UpstreamClient
@@ -59,7 +59,6 @@ def create_app(settings: Settings) -> web.Application:
     app[METRICS].prime((u.name for u in settings.upstreams), (c.name for c in settings.canaries),
                        (t for t in settings.rate_limits if t != "*"))
     app[TENANTS] = Tenants.from_settings(settings)
-    app[SEALER] = Sealer(secret)
     app[PREPARED] = PreparedMemo()
     app[ACCESS_LOG] = AccessLog(sys.stderr.buffer if logging.getLogger("detgate.access").isEnabledFor(logging.INFO) else None)
     app.cleanup_ctx.append(_resources)
@@ -68,7 +67,7 @@ def create_app(settings: Settings) -> web.Application:
     for route, path in (("chat.completions", "/v1/chat/completions"), ("completions", "/v1/completions"),
                         ("embeddings", "/v1/embeddings")):
         app.router.add_post(path, handlers.cached_route(route), name=route, expect_handler=expect_continue)
-    app.router.add_get("/v1/models", handlers.models, name="models")
+    app.router.add_get("/v1/models", handlers.proxy, name="models")
     app.router.add_route("*", "/v1/{tail:.*}", handlers.proxy, name="proxy", expect_handler=expect_continue)
     app.router.add_get("/healthz", handlers.healthz, name="healthz")
     app.router.add_get("/metrics", handlers.metrics, name="metrics")
@@ -107,7 +106,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         metrics.cache_entries_bytes.set_function(lambda: memory.nbytes)
         store = memory
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024, ttl_dns_cache=300))
-    flights = SingleFlight(store, app[SEALER], settings.lock_lease_ms, partial(count_store_error, metrics))
+    flights = SingleFlight(store, Sealer(app[SECRET]), settings.lock_lease_ms, partial(count_store_error, metrics))
     limiter = None
     if settings.rate_limits:
         limiter = TenantLimiter(settings, redis_client, lambda exc: metrics.cache_errors.labels("ratelimit").inc())

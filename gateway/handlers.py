@@ -326,10 +326,6 @@ def _upstream_error(exc: UpstreamError, headers: dict[str, str]) -> web.Response
     return response
 
 
-async def models(request: web.Request) -> web.StreamResponse:
-    return await proxy(request)
-
-
 # Hop-by-hop and transport headers are the connection's business, not the message's.
 _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
                   "host", "upgrade", "te", "trailer", "proxy-authorization", "proxy-authenticate"})

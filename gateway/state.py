@@ -7,7 +7,6 @@ from aiohttp import web
 
 from gateway.auth import Tenants
 from gateway.config import Settings
-from gateway.entry import Sealer
 from gateway.limits import TenantLimiter
 from gateway.logs import AccessLog
 from gateway.metrics import Metrics
@@ -31,7 +30,6 @@ SETTINGS = web.AppKey("settings", Settings)
 SECRET = web.AppKey("secret", bytes)
 METRICS = web.AppKey("metrics", Metrics)
 TENANTS = web.AppKey("tenants", Tenants)
-SEALER = web.AppKey("sealer", Sealer)
 GATEWAY = web.AppKey("gateway", Gateway)
 ACCESS_LOG = web.AppKey("access_log", AccessLog)
 PREPARED = web.AppKey("prepared", PreparedMemo)
