@@ -163,14 +163,26 @@ class Canaries:
         return probe
 
     async def every(self, interval_s: float) -> None:
-        """Run all canaries about every `interval_s`, jittered so that replicas drift apart
-        rather than probing in lockstep."""
+        """Run all canaries about every `interval_s` across all replicas sharing the ledger:
+        each wakes on a jittered timer, and only the first in a turn probes, so N replicas
+        do not cost the upstream N canary calls per interval."""
+        # Shorter than the shortest sleep, so the replica that ran last can run next time too.
+        lease_ms = max(1, int(interval_s * 1000 * 0.8))
         while True:
             await asyncio.sleep(interval_s * random.uniform(0.8, 1.2))
             try:
-                await self.run_all()
+                if await self._my_turn(lease_ms):
+                    await self.run_all()
             except Exception:  # a schedule that dies quietly would leave the status lying
                 log.exception("canary run failed")
+
+    async def _my_turn(self, lease_ms: int) -> bool:
+        try:
+            return await self.monitor.ledger.turn("canaries", lease_ms)
+        except StoreError as exc:
+            # Probing twice beats not probing: a replica that cannot reach the ledger runs its own.
+            log.warning("canary turn unknown, probing anyway: %s", exc)
+            return True
 
 
 def table(probes: list[Probe]) -> str:

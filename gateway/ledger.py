@@ -1,4 +1,5 @@
-"""Small shared facts about upstreams: fingerprints seen, namespace epochs, canary digests.
+"""Small shared facts about upstreams: fingerprints seen, namespace epochs, canary digests,
+and whose turn it is to run the canaries.
 
 Kept in Redis when the gateway has one, so every replica reads and writes the same
 facts (a rotation made by one replica is seen by all), else in this process. Both
@@ -8,6 +9,7 @@ single atomic command, so replicas racing on it agree on the winner.
 """
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 from redis.exceptions import RedisError
@@ -41,6 +43,10 @@ class Ledger(Protocol):
         """Newest first."""
         ...
 
+    async def turn(self, name: str, lease_ms: int) -> bool:
+        """True for the first caller in `lease_ms`, whichever replica it is."""
+        ...
+
     async def ping(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -52,6 +58,7 @@ class MemoryLedger:
     def __init__(self) -> None:
         self._tables: dict[str, dict[str, str]] = {}
         self._logs: dict[str, list[str]] = {}
+        self._turns: dict[str, float] = {}
 
     def _table(self, table: str) -> dict[str, str]:
         return self._tables.setdefault(table, {})
@@ -82,6 +89,13 @@ class MemoryLedger:
 
     async def recent(self, log: str, count: int) -> list[str]:
         return self._logs.get(log, [])[:count]
+
+    async def turn(self, name: str, lease_ms: int) -> bool:
+        now = time.monotonic()
+        if self._turns.get(name, 0.0) > now:
+            return False
+        self._turns[name] = now + lease_ms / 1000
+        return True
 
     async def ping(self) -> None:
         return None
@@ -138,6 +152,9 @@ class RedisLedger:
 
     async def recent(self, log: str, count: int) -> list[str]:
         return [v.decode() for v in await self._run("recent", self._redis.lrange(_PREFIX + log, 0, count - 1))]
+
+    async def turn(self, name: str, lease_ms: int) -> bool:
+        return bool(await self._run("turn", self._redis.set(f"{_PREFIX}turn:{name}", "1", nx=True, px=lease_ms)))
 
     async def ping(self) -> None:
         await self._run("ping", self._redis.ping())

@@ -121,3 +121,16 @@ def test_the_schedule_notices_a_changed_answer(upstream, gateway):
                                      {"upstream": "fake", "model": "m1", "kind": "canary"}) >= 1
     events = get(gw.url, "/detgate/status").json()["drift_events"]
     assert events[0]["kind"] == "canary" and events[0]["canary"] == "hello" and events[0]["epoch"] is None
+
+
+def test_replicas_sharing_redis_take_turns_at_the_schedule(upstream, gateway, redis_url):
+    fake, _ = upstream
+    fake.behaviour.answer = "Hello there."
+    interval, seconds = 0.1, 3.0
+    replicas = [gateway(canaries=[HELLO], canary_interval_s=interval, redis_url=redis_url) for _ in range(3)]
+    time.sleep(seconds)
+    probes = sum(1 for _, body in fake.calls if body.get("messages") == HELLO["body"]["messages"])
+    # One replica alone wakes about seconds / interval = 30 times; three without turns would probe ~90 times.
+    assert seconds / (1.2 * interval) - 5 <= probes <= seconds / (0.8 * interval) + 3, probes
+    ran = [get(gw.url, "/detgate/status").json()["canaries"][0]["result"] for gw in replicas]
+    assert set(ran) <= {"recorded", "match"}, ran
