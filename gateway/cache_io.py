@@ -5,6 +5,13 @@ the same cache are the same file and a diff shows only real changes:
 
     {"entry": {"body": ..., "model": ..., "sse": ..., "v": 1}, "key": "dg1:...", "mac": "..."}
 
+When a drift policy `rotate` has moved some model's keys to a newer namespace, the file
+starts with the namespace epochs the keys were made in, and import raises the ledger's
+epochs to them; without that line a fresh Redis would look for the entries under their
+first namespace and replay would miss every one:
+
+    {"epochs": {"openai/gpt-4o-2024-08-06": 2}}
+
 Keys are signed with the gateway's secret, so entries are only ever found by a gateway
 that has the secret they were exported under: CI that replays golden answers runs with
 the same secret as the gateway that recorded them. Import therefore verifies each entry's
@@ -38,6 +45,7 @@ class Counts:
     skipped: int = 0  # gone between listing and reading, or failing their MAC in the store
     rejected: int = 0
     problems: list[str] = field(default_factory=list)  # the first few, for the message
+    epochs: dict[str, int] = field(default_factory=dict)  # namespace epochs an imported file names
 
     def reject(self, problem: str) -> None:
         self.rejected += 1
@@ -53,10 +61,21 @@ def export_line(key: str, value: bytes, secret: bytes) -> bytes | None:
     return orjson.dumps({"key": key, "mac": mac, "entry": orjson.loads(raw)}, option=orjson.OPT_SORT_KEYS) + b"\n"
 
 
-def import_value(line: bytes, secret: bytes, reseal: bool) -> tuple[str, bytes]:
-    """(key, value to store) for a JSONL line; ValueError saying what is wrong with it."""
-    record = orjson.loads(line)
-    if not isinstance(record, dict) or not {"key", "mac", "entry"} <= record.keys():
+def epochs_line(epochs: dict[str, int]) -> bytes:
+    return orjson.dumps({"epochs": epochs}, option=orjson.OPT_SORT_KEYS) + b"\n"
+
+
+def read_epochs(record: dict) -> dict[str, int]:
+    epochs = record["epochs"]
+    if (len(record) != 1 or not isinstance(epochs, dict)
+            or not all(type(v) is int and v > 0 for v in epochs.values())):
+        raise ValueError('an "epochs" line holds one object of model -> positive integer')
+    return epochs
+
+
+def import_value(record: dict, secret: bytes, reseal: bool) -> tuple[str, bytes]:
+    """(key, value to store) for an entry line; ValueError saying what is wrong with it."""
+    if not {"key", "mac", "entry"} <= record.keys():
         raise ValueError("not an object with key, mac and entry")
     key, mac = record["key"], record["mac"]
     if not isinstance(key, str) or len(key) != _KEY_LEN or not key.startswith(KEY_PREFIX):
@@ -74,8 +93,11 @@ def import_value(line: bytes, secret: bytes, reseal: bool) -> tuple[str, bytes]:
     return key, mac.encode() + raw
 
 
-async def export_entries(store: Store, out: IO[bytes], secret: bytes, progress: bool = True) -> Counts:
+async def export_entries(store: Store, out: IO[bytes], secret: bytes, epochs: dict[str, int],
+                         progress: bool = True) -> Counts:
     counts = Counts()
+    if epochs:
+        out.write(epochs_line(epochs))
     keys = sorted([key async for key in store.keys()])
     with tqdm(total=len(keys), unit="entry", desc="export", disable=not progress) as bar:
         for at in range(0, len(keys), BATCH):
@@ -93,7 +115,8 @@ async def export_entries(store: Store, out: IO[bytes], secret: bytes, progress: 
 
 async def import_entries(store: Store, source: IO[bytes], secret: bytes, *, reseal: bool = False,
                          progress: bool = True) -> Counts:
-    """Every valid line is stored, replacing what is there: the file is the truth."""
+    """Every valid entry line is stored, replacing what is there: the file is the truth. The
+    epochs it names come back in the counts, for the caller to raise the ledger's to."""
     counts = Counts()
     owner = secrets.token_hex(8)  # a fill-lock owner no one holds: commit then only writes
     size = os.fstat(source.fileno()).st_size
@@ -103,7 +126,13 @@ async def import_entries(store: Store, source: IO[bytes], secret: bytes, *, rese
             if not line.strip():
                 continue
             try:
-                key, value = import_value(line, secret, reseal)
+                record = orjson.loads(line)
+                if not isinstance(record, dict):
+                    raise ValueError("not a JSON object")
+                if "epochs" in record:
+                    counts.epochs.update(read_epochs(record))
+                    continue
+                key, value = import_value(record, secret, reseal)
             except ValueError as exc:  # orjson.JSONDecodeError is one
                 counts.reject(f"line {number}: {exc}")
                 continue

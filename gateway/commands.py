@@ -94,17 +94,21 @@ async def _probe(settings) -> int:
 
 async def _cache(action: str, path: str, settings, reseal: bool) -> int:
     from gateway.cache_io import export_entries, import_entries
+    from gateway.drift import EPOCHS
+    from gateway.ledger import RedisLedger
     from gateway.redis_store import RedisStore
     from gateway.store import StoreError
 
     store = RedisStore(settings.redis_url, settings.store_timeout_s)
+    ledger = RedisLedger(settings.redis_url, settings.store_timeout_s)
     secret = settings.secret.get_secret_value().encode()
     try:
         if action == "export":
+            epochs = {name: int(value) for name, value in (await ledger.read(EPOCHS)).items()}
             partial = path + ".partial"
             try:
                 with open(partial, "wb") as out:  # renamed when complete: a failed export leaves no half file
-                    counts = await export_entries(store, out, secret)
+                    counts = await export_entries(store, out, secret, epochs)
                 os.replace(partial, path)
             finally:
                 if os.path.exists(partial):
@@ -114,7 +118,10 @@ async def _cache(action: str, path: str, settings, reseal: bool) -> int:
             return 0
         with open(path, "rb") as source:
             counts = await import_entries(store, source, secret, reseal=reseal)
+        for name, epoch in counts.epochs.items():
+            await ledger.raise_to(EPOCHS, name, epoch)
         print(f"imported {counts.written} entries from {path}"
+              + (f"; namespace epochs at least {counts.epochs}" if counts.epochs else "")
               + (f"; rejected {counts.rejected}:\n  " + "\n  ".join(counts.problems) if counts.rejected else ""))
         return 1 if counts.rejected else 0
     except StoreError as exc:
@@ -123,6 +130,7 @@ async def _cache(action: str, path: str, settings, reseal: bool) -> int:
         return refuse(str(exc))
     finally:
         await store.close()
+        await ledger.close()
 
 
 def refuse(message: str) -> int:

@@ -33,6 +33,10 @@ class Ledger(Protocol):
 
     async def incr(self, table: str, field: str) -> int: ...
 
+    async def raise_to(self, table: str, field: str, value: int) -> int:
+        """Set the integer `field` to `value` unless it holds more already; what it holds afterwards."""
+        ...
+
     async def read(self, table: str) -> dict[str, str]: ...
 
     async def push(self, log: str, value: str, keep: int) -> None:
@@ -79,6 +83,11 @@ class MemoryLedger:
         rows[field] = str(int(rows.get(field, "0")) + 1)
         return int(rows[field])
 
+    async def raise_to(self, table: str, field: str, value: int) -> int:
+        rows = self._table(table)
+        rows[field] = str(max(int(rows.get(field, "0")), value))
+        return int(rows[field])
+
     async def read(self, table: str) -> dict[str, str]:
         return dict(self._table(table))
 
@@ -109,6 +118,8 @@ _PREFIX = "detgate:ledger:"  # apart from detgate:e:* so cache export never sees
 # One key per script, so each runs atomically on plain Redis and on Redis Cluster alike.
 _CLAIM = "redis.call('hsetnx', KEYS[1], ARGV[1], ARGV[2]) return redis.call('hget', KEYS[1], ARGV[1])"
 _SWAP = "local old = redis.call('hget', KEYS[1], ARGV[1]) redis.call('hset', KEYS[1], ARGV[1], ARGV[2]) return old"
+_RAISE = ("local now = math.max(tonumber(redis.call('hget', KEYS[1], ARGV[1]) or '0'), tonumber(ARGV[2])) "
+          "redis.call('hset', KEYS[1], ARGV[1], now) return now")
 _PUSH = "redis.call('lpush', KEYS[1], ARGV[1]) redis.call('ltrim', KEYS[1], 0, tonumber(ARGV[2]) - 1)"
 
 
@@ -124,6 +135,7 @@ class RedisLedger:
         self._claim = self._redis.register_script(_CLAIM)
         self._swap = self._redis.register_script(_SWAP)
         self._push = self._redis.register_script(_PUSH)
+        self._raise = self._redis.register_script(_RAISE)
 
     async def _run(self, what: str, call):
         try:
@@ -142,6 +154,9 @@ class RedisLedger:
 
     async def incr(self, table: str, field: str) -> int:
         return int(await self._run("incr", self._redis.hincrby(_PREFIX + table, field, 1)))
+
+    async def raise_to(self, table: str, field: str, value: int) -> int:
+        return int(await self._run("raise", self._raise(keys=[_PREFIX + table], args=[field, value])))
 
     async def read(self, table: str) -> dict[str, str]:
         rows = await self._run("read", self._redis.hgetall(_PREFIX + table))

@@ -66,6 +66,30 @@ def test_export_flush_import_replay_is_byte_identical(upstream, redis_url, gatew
     assert len(fake.calls) == calls
 
 
+def test_rotated_namespaces_travel_with_the_entries(upstream, redis_url, gateway_process, tmp_path):
+    fake, url = upstream
+    client = redis.Redis.from_url(redis_url)
+    client.hset("detgate:ledger:epochs", "fake/m1", 3)  # as if `rotate` had moved m1's keys twice
+    recorder = gateway_process(serve_args(url, redis_url))
+    recorded = record(recorder.url)
+    recorder.stop()
+    golden = tmp_path / "golden.jsonl"
+    assert cli("cache", "export", str(golden), "--redis-url", redis_url, "--secret", SECRET).returncode == 0
+    assert orjson.loads(golden.read_bytes().splitlines()[0]) == {"epochs": {"fake/m1": 3}}
+
+    flush(redis_url)
+    client.hset("detgate:ledger:epochs", "fake/m1", 1)  # an older namespace is raised, never a newer one lowered
+    imported = cli("cache", "import", str(golden), "--redis-url", redis_url, "--secret", SECRET)
+    assert imported.returncode == 0 and "imported 4 entries" in imported.stdout, imported.stdout + imported.stderr
+    assert client.hget("detgate:ledger:epochs", "fake/m1") == b"3"
+    client.close()
+    calls = len(fake.calls)
+    replay = gateway_process(serve_args(url, redis_url, "--mode", "replay"))
+    replies = [post(replay.url, path, body) for path, body in REQUESTS]
+    assert [r.cache for r in replies] == ["hit"] * 4 and [r.body for r in replies] == recorded
+    assert len(fake.calls) == calls
+
+
 def test_import_refuses_entries_it_cannot_vouch_for(upstream, redis_url, gateway_process, tmp_path):
     _, url = upstream
     recorder = gateway_process(serve_args(url, redis_url, "--near-cache-ttl-s", "0"))  # sees the import at once
