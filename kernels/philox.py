@@ -7,10 +7,10 @@ the sampler draw identical noise.
 
 Stream layout (fixed; changing it changes every sampled answer):
   key     = (seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF)
-  counter = (token_id // 4, step & 0xFFFFFFFF, step >> 32 & 0xFFFFFFFF, 0)
-  token_id's word = output[token_id % 4]
-One Philox call thus serves four consecutive tokens, which keeps the sampler
-near memory speed instead of integer-multiply bound.
+  counter = (0, step & 0xFFFFFFFF, step >> 32 & 0xFFFFFFFF, 0)
+  u       = (output[0] >> 8) * 2**-24, uniform on [0, 1) in steps of 2**-24
+One uniform per (seed, step): the sampler inverts the row's CDF at u, so its
+per-token work is a single exp and the generator costs one call per row.
 """
 from __future__ import annotations
 
@@ -44,9 +44,12 @@ def philox4x32(c0, c1, c2, c3, k0, k1):
 
 
 @triton.jit
-def uniform_open(bits):
-    """uint32 -> fp32 in (0, 1), exactly representable, never 0 or 1 (so logs stay finite)."""
-    return ((bits >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+def row_uniform(seed, step):
+    """int64 seed and step scalars -> the row's fp32 u in [0, 1) (exact: 24 bits)."""
+    zero = tl.full([], 0, tl.uint32)
+    word, _, _, _ = philox4x32(zero, (step & 0xFFFFFFFF).to(tl.uint32), ((step >> 32) & 0xFFFFFFFF).to(tl.uint32),
+                               zero, (seed & 0xFFFFFFFF).to(tl.uint32), ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    return (word >> 8).to(tl.float32) * 5.9604644775390625e-08
 
 
 def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,22 +73,15 @@ def philox4x32_reference(c0, c1, c2, c3, k0, k1):
     return c0, c1, c2, c3
 
 
-def random_bits_reference(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[B] seeds, [B] steps -> int64 [B, vocab] of 32-bit words, one per token id."""
-    seeds = seeds.to(torch.int64).view(-1, 1)
-    steps = steps.to(torch.int64).view(-1, 1)
-    groups = torch.arange((vocab + 3) // 4, dtype=torch.int64, device=seeds.device).view(1, -1)
-    zeros = torch.zeros_like(groups)
-    words = philox4x32_reference(
-        groups + zeros,
-        (steps & _M32) + zeros,
-        ((steps >> 32) & _M32) + zeros,
-        zeros.expand(seeds.shape[0], -1),
-        seeds & _M32,
-        (seeds >> 32) & _M32,
-    )
-    return torch.stack(words, dim=-1).reshape(seeds.shape[0], -1)[:, :vocab]
+def row_bits_reference(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """[B] seeds, [B] steps -> int64 [B]: the 32-bit Philox word behind each row's u."""
+    seeds = seeds.to(torch.int64)
+    steps = steps.to(torch.int64)
+    zeros = torch.zeros_like(seeds)
+    word, _, _, _ = philox4x32_reference(zeros, steps & _M32, (steps >> 32) & _M32, zeros,
+                                         seeds & _M32, (seeds >> 32) & _M32)
+    return word
 
 
-def uniform_reference(bits: torch.Tensor) -> torch.Tensor:
-    return ((bits >> 9).to(torch.float32) + 0.5) * 1.1920928955078125e-07
+def row_uniform_reference(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    return (row_bits_reference(seeds, steps) >> 8).to(torch.float32) * 5.9604644775390625e-08

@@ -17,9 +17,14 @@ Sampling semantics (all modes that filter agree on them):
       top_p < 1:        the prefix's softmax(s) mass (over the full vocabulary) is
                         >= top_p, the token that crosses top_p included.
     With both active the shorter prefix wins, i.e. the intersection of the two sets.
-  * the token is argmax over the kept set of s + Gumbel noise (ties to the lowest
-    id), the noise for (row, token) coming from Philox keyed by (seed, step) with
-    the token id as counter (kernels/philox.py), so it depends on nothing else.
+  * the token is drawn by inverting the CDF of softmax(s) restricted to the kept set,
+    walked in token-id order, at one uniform u in [0, 1): the first kept id whose
+    running mass exceeds u * total. u comes from Philox keyed by (seed, step)
+    (kernels/philox.py), so it depends on nothing else. The reference sums in fp64;
+    the Triton kernel sums in fp32 over fixed-size chunks of V, so the two can pick
+    neighbouring tokens when u lies within rounding (~1e-6 of the total mass) of a
+    step of the CDF. If rounding leaves the target unreached, the last kept token
+    with mass is drawn; a row whose kept scores are all -inf draws token 0.
 """
 from __future__ import annotations
 
@@ -115,18 +120,26 @@ def scale(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     return torch.where(scaled == 0, 0.0, scaled)
 
 
-def gumbel_reference(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    u = philox.uniform_reference(philox.random_bits_reference(seeds, steps, vocab))
-    return -torch.log(-torch.log(u))
+def kept_cdf(scaled: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """fp64 [B, V]: running softmax mass of the kept tokens in token-id order, normalized to end at 1."""
+    kept = torch.where(keep, scaled.double(), float("-inf"))
+    top = kept.max(dim=-1, keepdim=True).values
+    weights = torch.exp(kept - torch.where(top == float("-inf"), 0.0, top))
+    running = weights.cumsum(dim=-1)
+    return running / running[:, -1:].clamp_min(torch.finfo(torch.float64).tiny)
 
 
 def sample_reference(logits, seeds, steps, temperature, top_k, top_p) -> torch.Tensor:
     vocab = logits.shape[-1]
-    greedy = (temperature <= 0).view(-1, 1)
     scaled = scale(logits, temperature)
-    keep = keep_mask(scaled, top_k, top_p) | greedy
-    noise = torch.where(greedy, 0.0, gumbel_reference(seeds, steps, vocab))
-    return argmax_reference(torch.where(keep, scaled + noise, float("-inf")))
+    cdf = kept_cdf(scaled, keep_mask(scaled, top_k, top_p))
+    u = philox.row_uniform_reference(seeds, steps).to(device=cdf.device, dtype=torch.float64).view(-1, 1)
+    drawn = (cdf <= u).sum(dim=-1)
+    ids = torch.arange(vocab, device=cdf.device).expand_as(cdf)
+    has_mass = torch.cat([cdf[:, :1] > 0, cdf[:, 1:] > cdf[:, :-1]], dim=-1)
+    last = torch.where(has_mass, ids, 0).max(dim=-1).values
+    drawn = torch.where(drawn < vocab, drawn, last)
+    return torch.where(temperature.to(cdf.device) <= 0, argmax_reference(logits.float()), drawn)
 
 
 def sample_standard(logits, temperature, top_k, top_p) -> torch.Tensor:
