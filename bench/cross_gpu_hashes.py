@@ -5,6 +5,10 @@ same bits; the script prints one sha256 per (op, shape) and writes them as JSON.
 two GPUs and diff the files: equal digests mean bit-identical results across the chips.
 
     python3 bench/cross_gpu_hashes.py --out bench/results/hashes_h100.json
+    python3 bench/cross_gpu_hashes.py --compare hashes_h100.json hashes_h200.json hashes_cpu_reference.json
+
+--compare prints the markdown table of bench/results/cross_gpu.md: each file's digests
+side by side, whether the first two (the GPUs) agree, and whether the first matches the last.
 """
 from __future__ import annotations
 
@@ -77,10 +81,34 @@ def sampling() -> dict[str, str]:
             "sample 64x152064": digest(kernels.sample(logits, seeds, steps, temperature, top_k, top_p))}
 
 
+def compare(paths: list[str]) -> str:
+    runs = [json.load(open(path)) for path in paths]
+    names = [run["device"] for run in runs]
+    lines = [f"| op | {' | '.join(names)} | {names[0]} == {names[1]} | {names[0]} == {names[-1]} |",
+             "|---" * (len(runs) + 3) + "|"]
+    agree = 0
+    for op in runs[0]["digests"]:
+        cells = [run["digests"].get(op, "-") for run in runs]
+        same = cells[0] == cells[1]
+        agree += same
+        lines.append(f"| {op} | {' | '.join(cells)} | {'yes' if same else 'no'} | "
+                     f"{'yes' if cells[0] == cells[-1] else 'no'} |")
+    versions = sorted({run["kernel_version"] for run in runs})
+    lines.append(f"\n{agree} of {len(runs[0]['digests'])} outputs bit-identical between {names[0]} and {names[1]} "
+                 f"(KERNEL_VERSION {', '.join(versions)}).")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
+    parser.add_argument("--compare", nargs="+", metavar="FILE", help="digest files: GPU, GPU, ..., reference")
     args = parser.parse_args()
+    if args.compare:
+        print(compare(args.compare))
+        return
+    if not args.out:
+        parser.error("--out or --compare is required")
     kernels.set_mode("invariant")
     result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
               "kernel_version": kernels.KERNEL_VERSION, "digests": {}}
