@@ -46,11 +46,16 @@ CONFIGS = ((1024, 64, 4), (1 << 62, 128, 8))
 # The partials buffer of the split path is T*H*splits*D fp32; past this size
 # the fold-in-program path runs instead (same bits, no buffer).
 _MAX_PARTIALS_BYTES = 1 << 30
-# (token, head) rows per program of the partials fold: its cost on a GPU is the serial
-# chain, so narrow programs; the CPU interpreter pays per program, so wide ones there.
-# The fold is elementwise per row, so the width never changes bits.
-_FOLD_ROWS = {"cuda": 8, "cpu": 64}
-_FOLD_UNROLL = 8  # splits whose partials are loaded together, so their loads overlap
+# Partials fold, (rows, D columns (None: all), most splits loaded together, warps) per
+# program. With few (token, head) rows its time is one row's serial chain, so "narrow"
+# programs take one row and a slice of D and keep up to 32 splits' loads in flight; with
+# many rows that is tens of thousands of one-warp programs, so "wide" ones run there
+# (bench/results/kernels_attention_notes.md, 2026-11-22 evening). The CPU interpreter pays
+# per program. Unrolling past the number of splits only adds masked steps, so it stops
+# at the next power of two. The fold is elementwise per (row, column): none of these
+# changes bits.
+_FOLD = {"narrow": (1, 32, 32, 1), "wide": (8, None, 8, 4), "cpu": (64, None, 8, 4)}
+_FOLD_NARROW_ROWS_PER_SM = 8
 
 
 @triton.jit
@@ -189,25 +194,28 @@ def _fold_partials_kernel(
     o_ptr, part_o_ptr, part_ml_ptr, cu_q_ptr, kv_lens_ptr,
     S, n_iter, kv_split, n_rows,
     stride_ot, stride_oh, stride_pt, stride_ph, stride_ps,
-    H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-    UNROLL: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, CHUNK_D: tl.constexpr,
+    UNROLL: tl.constexpr, DECODE_ONLY: tl.constexpr,
 ):
     # Rows are (token, head) pairs; each folds its own splits 0..pos // kv_split. A row
     # that has run out of splits folds the empty split (-inf, 0, 0): an exact no-op.
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     t = r // H
     h = r % H
-    seq = tl.minimum(_seq_of(cu_q_ptr, t, S, n_iter), S - 1)
-    q_start = tl.load(cu_q_ptr + seq)
-    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
-    pos = tl.load(kv_lens_ptr + seq) - q_len + (t - q_start)
+    if DECODE_ONLY:  # token t is sequence t's only query, at its last position: no search
+        pos = tl.load(kv_lens_ptr + tl.minimum(t, S - 1)) - 1
+    else:
+        seq = tl.minimum(_seq_of(cu_q_ptr, t, S, n_iter), S - 1)
+        q_start = tl.load(cu_q_ptr + seq)
+        q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+        pos = tl.load(kv_lens_ptr + seq) - q_len + (t - q_start)
     n_splits = tl.where(r < n_rows, pos // kv_split + 1, 0)
 
-    d = tl.arange(0, BLOCK_D)
+    d = tl.program_id(1) * CHUNK_D + tl.arange(0, CHUNK_D)
     d_ok = d < D
     M = tl.full([BLOCK_R], float("-inf"), tl.float32)
     L = tl.zeros([BLOCK_R], tl.float32)
-    O = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    O = tl.zeros([BLOCK_R, CHUNK_D], tl.float32)
     # The fold is a serial chain; unrolling lets the loads of UNROLL splits be in flight at once.
     for group in range(0, tl.cdiv(tl.max(n_splits, 0), UNROLL)):
         for i in tl.static_range(UNROLL):
@@ -333,11 +341,17 @@ def paged_attention_triton(
         num_warps=num_warps, num_stages=NUM_STAGES,
     )
     if split_per_program:
-        fold_rows = _FOLD_ROWS[q.device.type]
-        _fold_partials_kernel[(triton.cdiv(T * H, fold_rows),)](
+        if not q.is_cuda:
+            fold = "cpu"
+        else:
+            fold = "narrow" if T * H <= _FOLD_NARROW_ROWS_PER_SM * sm_count(q.device) else "wide"
+        rows, chunk_d, max_unroll, warps = _FOLD[fold]
+        chunk_d = chunk_d or BLOCK_D
+        _fold_partials_kernel[(triton.cdiv(T * H, rows), triton.cdiv(BLOCK_D, chunk_d))](
             o, part_o, part_ml, cu_seqlens_q, kv_lens,
             S, _n_iter(S), kv_split, T * H,
             o.stride(0), o.stride(1), *part_o.stride()[:3],
-            H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=fold_rows, UNROLL=_FOLD_UNROLL,
+            H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=rows, CHUNK_D=chunk_d,
+            UNROLL=min(max_unroll, triton.next_power_of_2(n_splits)), DECODE_ONLY=decode_only, num_warps=warps,
         )
     return o
