@@ -10,16 +10,23 @@ writes fp32 once) and is set against a device-to-device copy measured in the
 same run.
 
 It also counts unique outputs of one row placed alone and at random positions in
-batches of random companions (bits for log_softmax, tokens for the samplers), and
-checks the GPU sampler against the fp64 CDF of the kept set: how many drawn tokens
-hold u inside their step of the CDF, and how many equal the CPU reference's token.
+batches of random companions (bits for log_softmax, tokens for the samplers),
+checks the GPU sampler against the fp64 CDF of the kept set (how many drawn tokens
+hold u inside their step of the CDF, how many equal the CPU reference's token, how
+many kept sets equal the reference's exactly), and that the `filtered` hint changes
+no token on random mixed batches.
 
-    python3 bench/kernels_sampling.py [--out bench/results]
+--before FILE times another version of kernels/sampling_triton.py (e.g. `git show
+REV:kernels/sampling_triton.py > FILE`) on the four samplers in the same run, and
+counts the tokens it draws that equal this version's.
+
+    python3 bench/kernels_sampling.py [--out bench/results] [--before FILE]
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import platform
 import sys
@@ -69,7 +76,8 @@ def ops(batch: int, element_size: int, logits):
     }
     for name, (k, p) in FILTERS.items():
         args = sampling_args(batch, k, p)
-        table[name] = ((lambda a=args: sampling.sample(logits(), *a)), read)
+        # The hint a caller gives from its request params: no host sync, so the call graphs.
+        table[name] = ((lambda a=args, f=(k, p) != (0, 1.0): sampling.sample(logits(), *a, filtered=f)), read)
     return table
 
 
@@ -78,7 +86,7 @@ def ops(batch: int, element_size: int, logits):
 GRAPHABLE_STANDARD = ("log_softmax", "logsumexp", "argmax")
 
 
-def time_ops(copy: float) -> list[dict]:
+def time_ops(copy: float, before=None) -> list[dict]:
     """Two clocks per op. Eager: one call at a time with the L2 flushed (do_bench), which
     includes the host's launch cost whenever that is longer than the kernels. Graph: GPU
     time per call from CUDA-graph replays over enough input copies to defeat the L2 (at
@@ -99,10 +107,15 @@ def time_ops(copy: float) -> list[dict]:
                     row[f"{m}_gbps"] = nbytes / row[f"{m}_graph_us" if can_graph else f"{m}_us"] / 1e3
                 row["invariant_frac_copy"] = row["invariant_gbps"] / copy
                 row["speedup_vs_standard"] = row["standard_us"] / row["invariant_us"]
+                if before is not None and name in FILTERS:
+                    args = sampling_args(batch, *FILTERS[name])
+                    row["before_us"] = do_bench(lambda: before.sample(x, *args), return_mode="median") * 1e3
+                    row["before_graph_us"] = gpu_us(lambda: before.sample(copies(), *args))
                 rows.append(row)
                 print(f"{dname} B={batch:3d} {name:28s} inv {row['invariant_us']:8.1f} us eager "
                       f"{row['invariant_graph_us']:8.1f} us graph  std {row['standard_us']:8.1f} us eager  "
-                      f"{row['invariant_frac_copy']:.2f} of copy", flush=True)
+                      f"{row['invariant_frac_copy']:.2f} of copy  before {row.get('before_graph_us', 0):8.1f} us graph",
+                      flush=True)
     return rows
 
 
@@ -184,7 +197,65 @@ def cross_device() -> dict:
     return result
 
 
-def markdown(meta: dict, rows: list[dict], inv: list[dict], cross: dict) -> str:
+def random_params(g: torch.Generator, batch: int):
+    temperature = torch.where(torch.rand(batch, generator=g) < 0.2, 0.0, torch.rand(batch, generator=g) * 1.5 + 0.1)
+    top_k = torch.where(torch.rand(batch, generator=g) < 0.5, 0, torch.randint(1, 2000, (batch,), generator=g)).int()
+    top_p = torch.where(torch.rand(batch, generator=g) < 0.5, 1.0, torch.rand(batch, generator=g))
+    seeds = torch.randint(-2**63, 2**63 - 1, (batch,), generator=g)
+    steps = torch.randint(0, 2**40, (batch,), generator=g)
+    return [t.cuda() for t in (seeds, steps, temperature, top_k, top_p)]
+
+
+def hint_checks(before=None, batches: int = 24) -> dict:
+    """Random mixed batches at V = 152064: tokens with filtered=True equal those with no hint
+    (one sync), and for batches that filter nowhere filtered=False and True equal them too.
+    Also kept sets equal to the fp64 reference's exactly, and tokens equal to `before`'s."""
+    g = torch.Generator().manual_seed(31)
+    same_hint = same_unfiltered = same_before = drawn_before = same_before_free = 0
+    with mode("invariant"):
+        for i in range(batches):
+            batch = int(torch.randint(1, 48, (1,), generator=g))
+            dtype = (torch.bfloat16, torch.float32)[i % 2]
+            x = ((torch.randn(batch, VOCAB, generator=g) * 4).mul(2).round().div(2) if i % 3 == 0
+                 else torch.randn(batch, VOCAB, generator=g) * 4).to("cuda", dtype)
+            args = random_params(g, batch)
+            plain = sampling.sample(x, *args)
+            same_hint += torch.equal(plain, sampling.sample(x, *args, filtered=True))
+            free = args[:3] + [torch.zeros_like(args[3]), torch.ones_like(args[4])]
+            plain_free = sampling.sample(x, *free)
+            same_unfiltered += (torch.equal(plain_free, sampling.sample(x, *free, filtered=False))
+                                and torch.equal(plain_free, sampling.sample(x, *free, filtered=True)))
+            if before is not None:
+                same_before += int((plain == before.sample(x, *args)).sum())
+                same_before_free += int((plain_free == before.sample(x, *free)).sum())
+                drawn_before += batch
+        x = (torch.randn(16, VOCAB, generator=g) * 4).mul(2).round().div(2)  # ties on the boundaries
+        args = random_params(g, 16)
+        args[2] = args[2].clamp_min(0.3)
+        threshold, cut = sampling_triton.kept_bounds(x.cuda(), *args[2:]).cpu().unbind(-1)
+    scaled = sampling.scale(x, args[2].cpu())
+    bits = scaled.view(torch.int32)
+    keys = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    kept = (keys > threshold.view(-1, 1)) | ((keys == threshold.view(-1, 1)) & (torch.arange(VOCAB) <= cut.view(-1, 1)))
+    exact = int((kept == sampling.keep_mask(scaled, args[3].cpu(), args[4].cpu())).all(dim=-1).sum())
+    result = {"batches": batches, "hint_true_equals_no_hint": same_hint,
+              "unfiltered_hint_false_and_true_equal_no_hint": same_unfiltered,
+              "kept_set_rows": 16, "kept_set_exact": exact}
+    if before is not None:
+        result.update(tokens_equal_before=same_before, unfiltered_tokens_equal_before=same_before_free,
+                      tokens_drawn=drawn_before)
+    print("hint and kept-set checks:", result, flush=True)
+    return result
+
+
+def load_before(path: str):
+    spec = importlib.util.spec_from_file_location("sampling_before", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def markdown(meta: dict, rows: list[dict], inv: list[dict], cross: dict, checks: dict) -> str:
     lines = [
         "# Sampling reductions: invariant Triton vs stock torch",
         "",
@@ -217,26 +288,49 @@ def markdown(meta: dict, rows: list[dict], inv: list[dict], cross: dict) -> str:
               f"- sampled tokens equal to the CPU reference: {cross['kernel_vs_cpu_reference']} / {cross['rows']}",
               f"- sampled tokens equal to the reference run on the GPU: {cross['kernel_vs_gpu_reference']} / {cross['rows']}",
               f"- argmax equal to the CPU reference: {cross['argmax_vs_cpu_reference']} / {cross['rows']}",
-              f"- Philox uniforms bit-equal GPU vs CPU: {cross['uniforms_equal']}", ""]
-    return "\n".join(lines)
+              f"- Philox uniforms bit-equal GPU vs CPU: {cross['uniforms_equal']}", "",
+              "## Host hint and kept sets (random mixed batches, B 1-47, bf16 / fp32, a third tie-heavy)", "",
+              f"- tokens with filtered=True bit-equal to no hint (one device sync): "
+              f"{checks['hint_true_equals_no_hint']} / {checks['batches']} batches",
+              f"- same batches without top-k/top-p, filtered=False and =True equal to no hint: "
+              f"{checks['unfiltered_hint_false_and_true_equal_no_hint']} / {checks['batches']}",
+              f"- kept sets at V = {VOCAB} (fp32, ties) equal to the fp64 reference's exactly: "
+              f"{checks['kept_set_exact']} / {checks['kept_set_rows']} rows"]
+    if "tokens_drawn" in checks:
+        lines.append(f"- tokens equal to the `--before` version's on those batches: "
+                     f"{checks['tokens_equal_before']} / {checks['tokens_drawn']}; without top-k/top-p: "
+                     f"{checks['unfiltered_tokens_equal_before']} / {checks['tokens_drawn']}")
+    before = [r for r in rows if "before_graph_us" in r]
+    if before:
+        lines += ["", "## Samplers against the `--before` version (same run)", "",
+                  "| dtype | B | op | before µs graph | now µs graph | before µs eager | now µs eager | torch µs eager |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in before:
+            lines.append(f"| {r['dtype']} | {r['B']} | {r['op']} | {r['before_graph_us']:.1f} | "
+                         f"{r['invariant_graph_us']:.1f} | {r['before_us']:.1f} | {r['invariant_us']:.1f} | "
+                         f"{r['standard_us']:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--before", help="another kernels/sampling_triton.py to time alongside")
     args = parser.parse_args()
+    before = load_before(args.before) if args.before else None
     copy = copy_gbps()
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
             "copy_gbps": copy}
     print(f"{meta['gpu']}: copy {copy:.0f} GB/s", flush=True)
     cross = cross_device()
+    checks = hint_checks(before)
     inv = invariance_counts()
-    rows = time_ops(copy)
-    result = {"meta": meta, "timings": rows, "invariance": inv, "cross_device": cross}
+    rows = time_ops(copy, before)
+    result = {"meta": meta, "timings": rows, "invariance": inv, "cross_device": cross, "checks": checks}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels_sampling.json").write_text(json.dumps(result, indent=1))
-    md = markdown(meta, rows, inv, cross)
+    md = markdown(meta, rows, inv, cross, checks)
     (out / "kernels_sampling.md").write_text(md)
     print(md)
 

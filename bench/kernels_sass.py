@@ -5,11 +5,10 @@ needed), as the launcher would specialize it at V = 152064 (pointers, row stride
 and V divisible by 16), disassembles it and counts registers, instructions,
 barriers, special-function (MUFU) and the multiply-add instructions that carry
 the logs (FFMA) and Philox (IMAD). For the longest loop it also gives the body's
-length and the spans that forward branches inside it can skip (in the sampler:
-the noise, skipped for greedy rows, and the tie ranking, skipped for rows
-without top-k/top-p). Counts are not timings: they show where a
-kernel's work goes, and that it still compiles for the GPU, on a machine without
-one; speed is measured by bench/kernels_sampling.py on a GPU.
+length and the spans that forward branches inside it can skip (in a radix round:
+the mass sums, skipped for top-k-only rows). Counts are not timings: they show
+where a kernel's work goes, and that it still compiles for the GPU, on a machine
+without one; speed is measured by bench/kernels_sampling.py on a GPU.
 
     python3 bench/kernels_sass.py [--out bench/results]
 """
@@ -32,23 +31,31 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels import sampling_filter as sf  # noqa: E402
 from kernels import sampling_triton as st  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 NV_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ARG_TYPES = {  # name -> Triton type, for every argument name the sampling kernels use
-    "stride": "i32", "V": "i32", "S": "i32", "seed_ptr": "*i64", "step_ptr": "*i64", "temp_ptr": "*fp32",
-    "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "state_i_ptr": "*i32", "state_f_ptr": "*fp32",
-    "ties_ptr": "*i32", "best_ptr": "*fp32", "where_ptr": "*i32", "m_ptr": "*fp32", "z_ptr": "*fp32",
+    "stride": "i32", "V": "i32", "C": "i32", "P": "i32", "B": "i32", "r": "i32", "seed_ptr": "*i64",
+    "step_ptr": "*i64", "temp_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "state_i_ptr": "*i32",
+    "state_f_ptr": "*fp32", "part_ptr": "*i32", "count_ptr": "*i32", "mass_ptr": "*fp32", "bound_ptr": "*i32",
+    "out_ptr": "*i64", "best_ptr": "*fp32", "where_ptr": "*i32", "m_ptr": "*fp32", "z_ptr": "*fp32",
 }
+_BINS = 1 << sf._BITS
+_FILTER = {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS, "CP": 64, "PP": 32, "BINS": _BINS, "BITS": sf._BITS}
 # (name, kernel, constexprs, launch options), sizes as the wrappers pick them at V = 152064
 KERNELS = (
-    ("sample partial", st._sample_partial_kernel, {"SPLIT": 4096, "BLOCK": 2048},
-     {"num_warps": st._SAMPLE_WARPS, "enable_fp_fusion": False}),
-    ("top-k/top-p threshold", st._threshold_kernel, {"SPLIT": 4096, "BLOCK": 2048, "SP": 64},
-     {"num_warps": st._THRESHOLD_WARPS, "enable_fp_fusion": False}),
-    ("argmax partial", st._argmax_partial_kernel, {"SPLIT": 8192, "BLOCK": 4096}, {"num_warps": st._REDUCE_WARPS}),
-    ("logsumexp partial", st._lse_partial_kernel, {"SPLIT": 8192, "BLOCK": 4096}, {"num_warps": st._REDUCE_WARPS}),
+    ("sample pass 1", st._sample_partial_kernel, {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS},
+     {"num_warps": st._WARPS, "enable_fp_fusion": False}),
+    ("sample pick (filtered batch)", st._sample_pick_kernel, {"BLOCK": st._BLOCK, "CP": 64, "FILTERED": True},
+     {"num_warps": st._WARPS, "enable_fp_fusion": False}),
+    ("top-k/top-p radix round", sf._round_kernel, {**_FILTER, "SUB": sf._SUB},
+     {"num_warps": sf._WARPS, "enable_fp_fusion": False}),
+    ("top-k/top-p kept partials", sf._kept_kernel, {**_FILTER, "ROUNDS": 32 // sf._BITS},
+     {"num_warps": sf._WARPS, "enable_fp_fusion": False}),
+    ("argmax partial", st._argmax_partial_kernel, {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS}, {"num_warps": st._WARPS}),
+    ("logsumexp partial", st._lse_partial_kernel, {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS}, {"num_warps": st._WARPS}),
 )
 _INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")

@@ -60,11 +60,15 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return argmax_reference(logits.float())
 
 
-def sample(logits, seeds, steps, temperature, top_k, top_p) -> torch.Tensor:
+def sample(logits, seeds, steps, temperature, top_k, top_p, filtered: bool | None = None) -> torch.Tensor:
     """One token per row; row i depends only on (logits[i], seeds[i], steps[i], its params).
 
     logits [B, V] fp32/bf16; seeds, steps int64 [B]; temperature fp32 [B];
     top_k int32 [B] (0 = off); top_p fp32 [B] (1.0 = off). Returns int64 [B].
+    filtered: whether any row filters (row_filters), when the caller knows it on the
+    host; None finds out with one device sync. The invariant kernels launch the top-k /
+    top-p machinery only when it is true, and trust it: a row that filters in a batch
+    passed filtered=False is drawn unfiltered. The token never depends on it otherwise.
     """
     _check_logits(logits)
     batch = logits.shape[0]
@@ -73,7 +77,9 @@ def sample(logits, seeds, steps, temperature, top_k, top_p) -> torch.Tensor:
         if t.shape != (batch,):
             raise ValueError(f"{name} must have shape ({batch},), got {tuple(t.shape)}")
     if use_triton(logits):
-        return sampling_triton.sample(logits, seeds, steps, temperature, top_k, top_p)
+        if filtered is None:
+            filtered = bool(row_filters(temperature, top_k, top_p, logits.shape[-1]).any())
+        return sampling_triton.sample(logits, seeds, steps, temperature, top_k, top_p, filtered)
     if get_mode() == "standard":
         return sample_standard(logits, temperature, top_k, top_p)
     return sample_reference(logits, seeds, steps, temperature, top_k, top_p)
@@ -82,6 +88,11 @@ def sample(logits, seeds, steps, temperature, top_k, top_p) -> torch.Tensor:
 def _check_logits(logits: torch.Tensor) -> None:
     if logits.dim() != 2 or not logits.dtype.is_floating_point:
         raise ValueError(f"logits must be a 2-D float tensor [B, V], got {tuple(logits.shape)} {logits.dtype}")
+
+
+def row_filters(temperature, top_k, top_p, vocab: int) -> torch.Tensor:
+    """Bool [B]: the sampled rows that top-k (in [1, vocab)) or top-p (< 1) cuts."""
+    return (temperature > 0) & (((top_k > 0) & (top_k < vocab)) | (top_p < 1.0))
 
 
 def argmax_reference(x: torch.Tensor) -> torch.Tensor:

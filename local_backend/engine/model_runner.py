@@ -154,7 +154,9 @@ class ModelRunner:
             self._tensor([s.num_generated for s in rows], torch.int64),
             self._tensor([x.temperature for x in p], torch.float32),
             self._tensor([x.top_k for x in p], torch.int32),
-            self._tensor([x.top_p for x in p], torch.float32))
+            self._tensor([x.top_p for x in p], torch.float32),
+            # kernels.sampling.row_filters, known here without a device sync.
+            filtered=any(x.temperature > 0 and (0 < x.top_k < logits.shape[-1] or x.top_p < 1) for x in p))
         want = [i for i, x in enumerate(p) if x.logprobs is not None]
         if not want:
             return [Sample(t) for t in tokens.tolist()]

@@ -10,17 +10,19 @@ vocabulary, V = 152064 (Qwen2/3), in bf16 and fp32.
 import pytest
 import torch
 
-from kernels import mode, philox, sampling, sampling_triton
+from kernels import mode, philox, sampling, sampling_filter, sampling_triton
 
 QWEN_VOCAB = 152064
 
 
 @pytest.fixture(autouse=True)
 def small_splits(monkeypatch):
-    """Under the interpreter, shrink the chunk size so that a small V still spans several chunks and programs."""
+    """Under the interpreter, shrink the chunk size so that a small V still spans several chunks and
+    programs, and take the radix select's digits 8 bits at a time (4 rounds: half the launches)."""
     if not torch.cuda.is_available():
         for name, value in {"_BLOCK": 128, "_CHUNKS": 2}.items():
             monkeypatch.setattr(sampling_triton, name, value)
+        monkeypatch.setattr(sampling_filter, "_BITS", 8)
 
 
 def _params(gen, n, device, greedy_every=5):
@@ -144,15 +146,13 @@ def _assert_inverts_the_cdf(x, args, drawn, tol):
 
 
 def test_sampler_inverts_the_kept_cdf(gen, device):
-    x = _tied_logits(gen, 24, 300, device)
+    x = _tied_logits(gen, 16, 300, device)
     x[1, ::3] = float("-inf")  # tokens without mass are never drawn
-    args = _params(gen, 24, device)
+    args = _params(gen, 16, device)
     assert _assert_inverts_the_cdf(x, args, sampling.sample(x, *args), tol=1e-5) == 0
 
 
-def test_kernel_keeps_exactly_the_reference_set(gen, device):
-    x = _tied_logits(gen, 24, 300, device)
-    _, _, temperature, top_k, top_p = _params(gen, 24, device)
+def _assert_keeps_the_reference_set(x, temperature, top_k, top_p):
     threshold, cut = sampling_triton.kept_bounds(x, temperature, top_k, top_p).cpu().unbind(-1)
     scaled = sampling.scale(x.cpu(), temperature.cpu())
     keys, ids = _order_keys(scaled), torch.arange(x.shape[1])
@@ -161,9 +161,32 @@ def test_kernel_keeps_exactly_the_reference_set(gen, device):
     sampled = temperature.cpu() > 0
     assert torch.equal(kept[sampled], want[sampled])
     assert (threshold[~sampled] == -2**31).all() and (cut[~sampled] == x.shape[1]).all()
+    return keys == threshold.view(-1, 1), kept, sampled
+
+
+def test_kernel_keeps_exactly_the_reference_set(gen, device):
+    x = _tied_logits(gen, 24, 300, device)
+    _, _, temperature, top_k, top_p = _params(gen, 24, device)
+    boundary, kept, sampled = _assert_keeps_the_reference_set(x, temperature, top_k, top_p)
     # the inputs do put ties on the boundary: some rows keep only part of them
-    boundary = keys == threshold.view(-1, 1)
     assert (boundary & ~kept).any(dim=-1)[sampled & ((top_k.cpu() > 0) | (top_p.cpu() < 1))].any()
+
+
+def test_kept_set_edge_cases(device, monkeypatch):
+    """Every token tied, top_p 0 (one token), top-k at and past V, -inf tails, a row of one
+    finite token; at the shipped digit width, also under the interpreter."""
+    monkeypatch.setattr(sampling_filter, "_BITS", 4)
+    vocab = 300
+    x = torch.zeros(6, vocab)
+    x[1, 7::5] = 2.0
+    x[2, 50:] = float("-inf")
+    x[3, :] = torch.arange(vocab) % 3 - 1.0
+    x[4, 1:] = float("-inf")
+    x[5, 100:103] = 1.0
+    temperature = torch.ones(6)
+    top_k = torch.tensor([150, 0, 60, 299, 5, 300], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.0, 0.5, 0.999, 0.3, 0.9])
+    _assert_keeps_the_reference_set(x.to(device), temperature.to(device), top_k.to(device), top_p.to(device))
 
 
 def test_keep_mask_semantics_are_the_documented_prefix():
@@ -183,7 +206,7 @@ def test_keep_mask_semantics_are_the_documented_prefix():
 
 def test_sampler_only_draws_from_the_kept_set(device):
     vocab = 6
-    logits = torch.log(torch.tensor([0.05, 0.3, 0.3, 0.25, 0.05, 0.05])).expand(32, vocab).contiguous().to(device)
+    logits = torch.log(torch.tensor([0.05, 0.3, 0.3, 0.25, 0.05, 0.05])).expand(24, vocab).contiguous().to(device)
     n = logits.shape[0]
     seeds = torch.arange(n, device=device)
     steps = torch.zeros(n, dtype=torch.int64, device=device)
@@ -206,12 +229,14 @@ def test_row_bits_do_not_depend_on_batch(gen, device, op):
         x = _tied_logits(gen, batch, vocab, device)
         args = _params(gen, batch, device, greedy_every=4)
         run = {
-            "log_softmax": lambda rows: sampling.log_softmax(x[rows]),
-            "logsumexp": lambda rows: sampling.logsumexp(x[rows]),
-            "argmax": lambda rows: sampling.argmax(x[rows]),
-            "sample": lambda rows: sampling.sample(x[rows], *_rows(args, rows)),
+            "log_softmax": lambda rows, **_: sampling.log_softmax(x[rows]),
+            "logsumexp": lambda rows, **_: sampling.logsumexp(x[rows]),
+            "argmax": lambda rows, **_: sampling.argmax(x[rows]),
+            "sample": lambda rows, **hint: sampling.sample(x[rows], *_rows(args, rows), **hint),
         }[op]
-        together = run(torch.randperm(batch, generator=gen).to(device))
+        # The host-side hint (filtered=True: some row may filter) changes no bits either.
+        hint = {"filtered": True} if op == "sample" else {}
+        together = run(torch.randperm(batch, generator=gen).to(device), **hint)
         order = torch.randperm(batch, generator=gen).to(device)
         shuffled = run(order)
         for position, row in enumerate(order.tolist()):
@@ -231,7 +256,7 @@ def test_same_seed_and_step_replay_and_steps_differ(device):
     params = (torch.ones(32, device=device), torch.zeros(32, dtype=torch.int32, device=device),
               torch.ones(32, device=device))
     first = sampling.sample(logits, seeds, steps, *params)
-    assert torch.equal(first, sampling.sample(logits, seeds, steps, *params))
+    assert torch.equal(first, sampling.sample(logits, seeds, steps, *params, filtered=False))
     assert len(set(first.tolist())) > 16  # 32 draws from 64 tokens: a stuck stream would repeat
 
 
