@@ -1,9 +1,9 @@
 """Determinism harness for the whitebox backend: count unique outputs of one request.
 
 Against a running backend (see backend_gpu.py, which starts one per mode):
-  * load: the same prompt sent N times (greedy, and temperature 0.8 with seed 42) in
-    waves of random size while random other requests of random lengths keep arriving,
-    so the batch around it is different every time;
+  * load: the same prompt sent N times (greedy; temperature 0.8 with seed 42; the same
+    with top-k 50 and top-p 0.9) in waves of random size while random other requests of
+    random lengths keep arriving, so the batch around it is different every time;
   * cache: a fresh prompt cold, then again with its prefix cached, then cached under load;
   * multi-turn: a three-turn conversation replayed from scratch under load, and its last
     turn sent alone.
@@ -22,7 +22,8 @@ import time
 
 import aiohttp
 
-KINDS = {"greedy": {"temperature": 0}, "t0.8 seed42": {"temperature": 0.8, "seed": 42}}
+KINDS = {"greedy": {"temperature": 0}, "t0.8 seed42": {"temperature": 0.8, "seed": 42},
+         "t0.8 top-k50 top-p0.9 seed42": {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "seed": 42}}
 
 
 class Client:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from backend_determinism import Client, run_all  # noqa: E402
+from backend_determinism import KINDS, Client, run_all  # noqa: E402
 from backend_server import backend  # noqa: E402
 from backend_throughput import backend_sweep, transformers_sweep  # noqa: E402
 from local_backend.random_checkpoint import SHAPES, numbered_tokenizer, write_checkpoint  # noqa: E402
@@ -145,7 +145,7 @@ def tables(results: list[dict]) -> str:
     for r in results:
         inv, std = r.get("invariant", {}).get("determinism", {}), r.get("standard", {}).get("determinism", {})
         for scenario in ("load", "cache", "multi_turn"):
-            for kind in ("greedy", "t0.8 seed42"):
+            for kind in KINDS:
                 a, b = inv.get(scenario, {}).get(kind, {}), std.get(scenario, {}).get(kind, {})
                 lines.append(f"| {r['shape']} | {scenario} | {kind} | {a.get('n', '-')}/{b.get('n', '-')} "
                              f"| {a.get('unique', '-')} | {b.get('unique', '-')} |")
