@@ -206,6 +206,13 @@ def paged_copy(B, ctx, gen):
     return k_cache, v_cache, tables, k, v
 
 
+def decode_batch(B, ctx, gen):
+    """One decode query per sequence over paged_copy's KV: (q [B, H, D], cu_seqlens_q, kv_lens)."""
+    q = torch.randn(B, H, D, device=DEV, dtype=DTYPE, generator=gen)
+    cu = torch.arange(B + 1, device=DEV, dtype=torch.int32)
+    return q, cu, torch.full((B,), ctx, device=DEV, dtype=torch.int32)
+
+
 def fastest_sdpa(q, k, v, causal, backends) -> tuple[float, str]:
     best = (float("inf"), "none")
     for backend in backends:
@@ -240,9 +247,7 @@ def decode_table(bw, shapes, gen) -> list[dict]:
     out = []
     for B, ctx in shapes:
         k_cache, v_cache, tables, k, v = paged_copy(B, ctx, gen)
-        q = torch.randn(B, H, D, device=DEV, dtype=DTYPE, generator=gen)
-        cu = torch.arange(B + 1, device=DEV, dtype=torch.int32)
-        kv_lens = torch.full((B,), ctx, device=DEV, dtype=torch.int32)
+        q, cu, kv_lens = decode_batch(B, ctx, gen)
         print(f"decode B={B} ctx={ctx}", flush=True)
         call = lambda: paged_attention(q, k_cache, v_cache, tables, cu, kv_lens, max_q_len=1, max_kv_len=ctx)  # noqa: E731
         got = call()
@@ -291,9 +296,7 @@ def split_size_sweep(shapes, gen) -> list[dict]:
     out = []
     for B, ctx in shapes:
         k_cache, v_cache, tables, _, _ = paged_copy(B, ctx, gen)
-        q = torch.randn(B, H, D, device=DEV, dtype=DTYPE, generator=gen)
-        cu = torch.arange(B + 1, device=DEV, dtype=torch.int32)
-        kv_lens = torch.full((B,), ctx, device=DEV, dtype=torch.int32)
+        q, cu, kv_lens = decode_batch(B, ctx, gen)
         row = {"batch": B, "context": ctx}
         for split in SPLITS:
             row[f"split_{split}_us"] = bench_graph(lambda: at.paged_attention_triton(

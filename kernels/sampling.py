@@ -91,7 +91,8 @@ def _check_logits(logits: torch.Tensor) -> None:
 
 
 def row_filters(temperature, top_k, top_p, vocab: int) -> torch.Tensor:
-    """Bool [B]: the sampled rows that top-k (in [1, vocab)) or top-p (< 1) cuts."""
+    """The sampled rows that top-k (in [1, vocab)) or top-p (< 1) cuts: bool [B] for tensors,
+    a bool for one row's plain numbers (what a caller knows on the host)."""
     return (temperature > 0) & (((top_k > 0) & (top_k < vocab)) | (top_p < 1.0))
 
 

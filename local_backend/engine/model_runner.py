@@ -14,6 +14,7 @@ import logging
 import torch
 
 import kernels
+from kernels.sampling import row_filters
 from local_backend.engine.scheduler import Scheduled
 from local_backend.models.llama import AttentionBatch, Llama
 
@@ -155,8 +156,8 @@ class ModelRunner:
             self._tensor([x.temperature for x in p], torch.float32),
             self._tensor([x.top_k for x in p], torch.int32),
             self._tensor([x.top_p for x in p], torch.float32),
-            # kernels.sampling.row_filters, known here without a device sync.
-            filtered=any(x.temperature > 0 and (0 < x.top_k < logits.shape[-1] or x.top_p < 1) for x in p))
+            # Known here from the requests' parameters, without a device sync.
+            filtered=any(row_filters(x.temperature, x.top_k, x.top_p, logits.shape[-1]) for x in p))
         want = [i for i, x in enumerate(p) if x.logprobs is not None]
         if not want:
             return [Sample(t) for t in tokens.tolist()]
