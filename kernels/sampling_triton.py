@@ -3,10 +3,11 @@
 A row's vocabulary is read in chunks of a fixed BLOCK tokens, several chunks per
 program. Every floating-point sum is taken inside one chunk (a partial: the
 chunk's max and its sum of exp(s - max)) and the partials are merged in chunk
-order by a second launch, so the order of every operation on a row is fixed by V
+order by later programs, so the order of every operation on a row is fixed by V
 and BLOCK alone (for the top-k / top-p filter, also by the chunks per program) —
-never by B, the row's position or the other rows. No atomics and nothing shared
-between rows.
+never by B, the row's position or the other rows. Nothing is shared between rows,
+and no sum is taken by atomics: the one atomic, a per-row count in the one-launch
+log_softmax, only says when a row's partials are all stored.
 
 The sampler inverts each row's CDF at one uniform u: pass 1 writes the chunk
 partials, the pick (one program per row) finds the chunk where the running mass
@@ -35,6 +36,15 @@ from kernels.sampling_rows import chunk_mass, kept, load_partials, merged_mass, 
 _BLOCK = 4096
 _CHUNKS = 2
 _WARPS = 8
+# log_softmax on large batches: rows between a row's partials and its writers, by logit
+# element size. Too few and writers wait on partials still being summed; too many and the
+# row has left L2 before they read it. H100, V = 152064, B = 256 (sweep of 8..64 rows): bf16
+# 0.90 of copy bandwidth at 32 rows (0.83-0.87 at 8-16, 0.77 at 64), fp32 0.87 at 8 (0.71
+# at 32). Below _ONE_LAUNCH_BYTES of logits read plus output written the two-launch path
+# is as fast or faster (its second read hits L2 anyway) and needs no counters. Only timing
+# depends on either.
+_LAG = {2: 32, 4: 8}  # other element sizes take fp32's, the more cautious
+_ONE_LAUNCH_BYTES = 40 << 20
 
 
 def _rows(logits: torch.Tensor) -> torch.Tensor:
@@ -52,17 +62,23 @@ def _layout(vocab: int) -> tuple[int, int, int, int]:
 
 
 @triton.jit
-def _lse_partial_kernel(x_ptr, stride, m_ptr, z_ptr, V, C, BLOCK: tl.constexpr, CHUNKS: tl.constexpr):
-    first = tl.program_id(0) * CHUNKS
-    row = tl.program_id(1)
-    base = x_ptr + row.to(tl.int64) * stride
+def _chunk_partials(base, m_row, z_row, first, C, V, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
+                    EVICT: tl.constexpr):
+    """Store (max, mass) of chunks first .. first + CHUNKS - 1 of one row."""
     offs = tl.arange(0, BLOCK)
     for c in range(first, tl.minimum(first + CHUNKS, C)):
         ids = c * BLOCK + offs
-        x = tl.load(base + ids, mask=ids < V, other=float("-inf")).to(tl.float32)
+        x = tl.load(base + ids, mask=ids < V, other=float("-inf"), eviction_policy=EVICT).to(tl.float32)
         top, mass = chunk_mass(x)
-        tl.store(m_ptr + row * C + c, top)
-        tl.store(z_ptr + row * C + c, mass)
+        tl.store(m_row + c, top)
+        tl.store(z_row + c, mass)
+
+
+@triton.jit
+def _lse_partial_kernel(x_ptr, stride, m_ptr, z_ptr, V, C, BLOCK: tl.constexpr, CHUNKS: tl.constexpr):
+    row = tl.program_id(1)
+    _chunk_partials(x_ptr + row.to(tl.int64) * stride, m_ptr + row * C, z_ptr + row * C, tl.program_id(0) * CHUNKS,
+                    C, V, BLOCK, CHUNKS, "")
 
 
 @triton.jit
@@ -79,7 +95,14 @@ def _log_softmax_write_kernel(x_ptr, stride, m_ptr, z_ptr, out_ptr, V, C, BLOCK:
     first = tl.program_id(0) * CHUNKS
     # The last rows of pass 1 are the likeliest still in L2: start with them.
     row = tl.num_programs(1) - 1 - tl.program_id(1)
-    # Every program of a row merges the same partials in the same order: the same lse bits.
+    _write_log_softmax(x_ptr, stride, m_ptr, z_ptr, out_ptr, row, first, V, C, BLOCK, CHUNKS, CP)
+
+
+@triton.jit
+def _write_log_softmax(x_ptr, stride, m_ptr, z_ptr, out_ptr, row, first, V, C, BLOCK: tl.constexpr,
+                       CHUNKS: tl.constexpr, CP: tl.constexpr):
+    """x - lse over chunks first .. first + CHUNKS - 1 of one row, lse from the row's partials."""
+    # Every writer of a row merges the same partials in the same order: the same lse bits.
     m, z = load_partials(m_ptr + row * C, z_ptr + row * C, C, CP)
     ref, _, total = merged_mass(m, z)
     lse = ref + tl.log(total)
@@ -88,8 +111,37 @@ def _log_softmax_write_kernel(x_ptr, stride, m_ptr, z_ptr, out_ptr, V, C, BLOCK:
     offs = tl.arange(0, BLOCK)
     for c in range(first, tl.minimum(first + CHUNKS, C)):
         ids = c * BLOCK + offs
-        x = tl.load(base + ids, mask=ids < V).to(tl.float32)
-        tl.store(out + ids, x - lse, mask=ids < V)
+        x = tl.load(base + ids, mask=ids < V, eviction_policy="evict_first").to(tl.float32)
+        # Streaming stores: the output must not push rows still to be read out of L2.
+        tl.store(out + ids, x - lse, mask=ids < V, cache_modifier=".cs")
+
+
+@triton.jit
+def _log_softmax_kernel(x_ptr, stride, m_ptr, z_ptr, done_ptr, out_ptr, V, C, B, P, LAG,
+                        BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CP: tl.constexpr):
+    # Program ids run in steps of 2P: step k first holds row k's P partial programs, then
+    # row k - LAG's P writers. A writer waits for its row's partials, which only programs
+    # of lower ids write, and those never wait: with blocks dispatched in id order (what
+    # decoupled look-back scans rely on too) the wait always ends. LAG steps later the
+    # row is still in L2, so the logits cross DRAM once, not twice.
+    step = tl.program_id(0) // (2 * P)
+    part = tl.program_id(0) % (2 * P)
+    if part < P:
+        row = step
+        if row < B:
+            _chunk_partials(x_ptr + row.to(tl.int64) * stride, m_ptr + row * C, z_ptr + row * C, part * CHUNKS,
+                            C, V, BLOCK, CHUNKS, "evict_last")
+            tl.debug_barrier()  # every thread's partials are stored before the release
+            tl.atomic_add(done_ptr + row, 1, sem="release", scope="gpu")
+    else:
+        row = step - LAG
+        if row >= 0:
+            if row < B:
+                seen = tl.atomic_add(done_ptr + row, 0, sem="acquire", scope="gpu")
+                while seen < P:
+                    seen = tl.atomic_add(done_ptr + row, 0, sem="acquire", scope="gpu")
+                _write_log_softmax(x_ptr, stride, m_ptr, z_ptr, out_ptr, row, (part - P) * CHUNKS, V, C,
+                                   BLOCK, CHUNKS, CP)
 
 
 def _lse_partials(x: torch.Tensor):
@@ -99,24 +151,37 @@ def _lse_partials(x: torch.Tensor):
     grid = (triton.cdiv(chunks, per_program), x.shape[0])
     _lse_partial_kernel[grid](x, x.stride(0), m, z, x.shape[1], chunks, BLOCK=block, CHUNKS=per_program,
                               num_warps=_WARPS)
-    return m, z, grid, chunks_p2
+    return m, z, chunks_p2
 
 
 def logsumexp(logits: torch.Tensor) -> torch.Tensor:
     x = _rows(logits)
-    m, z, _, chunks_p2 = _lse_partials(x)
+    m, z, chunks_p2 = _lse_partials(x)
     out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
     _lse_merge_kernel[(x.shape[0],)](m, z, out, m.shape[1], CP=chunks_p2)
     return out
 
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """Two launches (partials, then writers) while the logits fit in L2 anyway; past that one
+    launch whose writers trail the partials by _LAG rows. The same code sums in the same
+    order on both paths: identical bits."""
     x = _rows(logits)
-    m, z, grid, chunks_p2 = _lse_partials(x)
-    block, chunks, per_program, _ = _layout(x.shape[1])
+    B, V = x.shape
+    block, chunks, per_program, chunks_p2 = _layout(V)
+    parts = triton.cdiv(chunks, per_program)
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    _log_softmax_write_kernel[grid](x, x.stride(0), m, z, out, x.shape[1], chunks, BLOCK=block, CHUNKS=per_program,
-                                    CP=chunks_p2, num_warps=_WARPS)
+    if x.numel() * (x.element_size() + out.element_size()) <= _ONE_LAUNCH_BYTES:
+        m, z, _ = _lse_partials(x)
+        _log_softmax_write_kernel[(parts, B)](x, x.stride(0), m, z, out, V, chunks, BLOCK=block, CHUNKS=per_program,
+                                              CP=chunks_p2, num_warps=_WARPS)
+        return out
+    m = torch.empty((B, chunks), dtype=torch.float32, device=x.device)
+    z = torch.empty_like(m)
+    done = torch.zeros(B, dtype=torch.int32, device=x.device)
+    lag = _LAG.get(x.element_size(), _LAG[4])
+    _log_softmax_kernel[((B + lag) * 2 * parts,)](x, x.stride(0), m, z, done, out, V, chunks, B, parts, lag,
+                                                  BLOCK=block, CHUNKS=per_program, CP=chunks_p2, num_warps=_WARPS)
     return out
 
 

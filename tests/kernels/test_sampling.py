@@ -92,6 +92,22 @@ def test_logsumexp_and_log_softmax_match_fp64(randn, dtype, vocab):
     assert torch.allclose(lse.double(), torch.logsumexp(x.double(), dim=-1), atol=1e-5, rtol=1e-6)
 
 
+@pytest.mark.parametrize("lag", [1, 3, 32])
+def test_one_launch_log_softmax_gives_the_two_launch_bits(randn, monkeypatch, lag):
+    """Large batches take one launch whose writers wait on their row's partials; here it is
+    forced at a small size, with writers trailing their row by `lag` rows (1: the next step)."""
+    x = randn(9, 5 * 4096 + 300) * 4  # 6 chunks: 3 partial programs and 3 writers per row
+    x[2, ::5] = float("-inf")
+    two = sampling_triton.log_softmax(x)
+    monkeypatch.setattr(sampling_triton, "_ONE_LAUNCH_BYTES", 0)
+    monkeypatch.setattr(sampling_triton, "_LAG", {4: lag})
+    one = sampling_triton.log_softmax(x)
+    assert torch.equal(one, two)
+    exact = torch.log_softmax(x.double(), dim=-1)
+    finite = torch.isfinite(exact)
+    assert torch.allclose(one[finite].double(), exact[finite], atol=1e-5, rtol=1e-5)
+
+
 def test_argmax_breaks_ties_by_lowest_id(device):
     vocab = 2 * 4096 + 77  # several splits and chunks: ties inside one, across them, in the same lane
     x = torch.zeros(5, vocab, device=device)
