@@ -39,6 +39,9 @@ CONFIGS = {
     "decode": (16, 32, 4, 8, "tma"),      # decode, 1..16 rows: the weight read is all the cost
 }
 _GROUP_M = 8
+# One 128x256 tile's time over two 128x128 tiles', H100 under sustained load (clocks held
+# down by the power cap, as in serving): 0.92-0.94 at K=4096/14336, N=4096/14336, M=2048-8192.
+_LARGE_TILE_TIME = 0.93
 
 
 def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, str]:
@@ -49,14 +52,21 @@ def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[i
         # the block shape, so there one shape serves every M. fp32 is not a
         # serving dtype: one config whose fp32 tiles fit in shared memory.
         return CONFIGS["medium"]
-    fill = 0.8 * sm_count(device)
+    sms = sm_count(device)
+    fill = 0.8 * sms
     if m <= 64:
         if triton.cdiv(n, 128) >= fill:
             return CONFIGS["medium"]
         return CONFIGS["narrow"] if m > 16 else CONFIGS["decode"]
-    if triton.cdiv(m, 128) * triton.cdiv(n, 256) >= fill:
+    large, wide = triton.cdiv(m, 128) * triton.cdiv(n, 256), triton.cdiv(m, 128) * triton.cdiv(n, 128)
+    if large >= fill:
+        # Waves of one tile per SM: a 128x256 tile does two 128x128 tiles' work in
+        # _LARGE_TILE_TIME of their time, but where its last wave is mostly empty the
+        # finer tiles finish first (K=4096, N=14336, M=1024: 448 large tiles are 3.4 waves).
+        if triton.cdiv(wide, sms) < 2 * _LARGE_TILE_TIME * triton.cdiv(large, sms):
+            return CONFIGS["wide"]
         return CONFIGS["large"]
-    if triton.cdiv(m, 128) * triton.cdiv(n, 128) >= fill:
+    if wide >= fill:
         return CONFIGS["wide"]
     if m <= 128:
         # One or two 64-row tiles: (64, 128) leaves most SMs idle at N=4096 (32 or 64
