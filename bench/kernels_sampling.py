@@ -17,8 +17,8 @@ many kept sets equal the reference's exactly), and that the `filtered` hint chan
 no token on random mixed batches.
 
 --before FILE times another version of kernels/sampling_triton.py (e.g. `git show
-REV:kernels/sampling_triton.py > FILE`) on the four samplers in the same run, and
-counts the tokens it draws that equal this version's.
+REV:kernels/sampling_triton.py > FILE`, one whose sample() takes the `filtered` hint) on the
+four samplers in the same run, and counts the tokens it draws that equal this version's.
 
     python3 bench/kernels_sampling.py [--out bench/results] [--before FILE]
 """
@@ -108,7 +108,7 @@ def time_ops(copy: float, before=None) -> list[dict]:
                 row["invariant_frac_copy"] = row["invariant_gbps"] / copy
                 row["speedup_vs_standard"] = row["standard_us"] / row["invariant_us"]
                 if before is not None and name in FILTERS:
-                    args = sampling_args(batch, *FILTERS[name])
+                    args = (*sampling_args(batch, *FILTERS[name]), FILTERS[name] != FILTERS["sample"])
                     row["before_us"] = do_bench(lambda: before.sample(x, *args), return_mode="median") * 1e3
                     row["before_graph_us"] = gpu_us(lambda: before.sample(copies(), *args))
                 rows.append(row)
@@ -226,8 +226,8 @@ def hint_checks(before=None, batches: int = 24) -> dict:
             same_unfiltered += (torch.equal(plain_free, sampling.sample(x, *free, filtered=False))
                                 and torch.equal(plain_free, sampling.sample(x, *free, filtered=True)))
             if before is not None:
-                same_before += int((plain == before.sample(x, *args)).sum())
-                same_before_free += int((plain_free == before.sample(x, *free)).sum())
+                same_before += int((plain == before.sample(x, *args, True)).sum())
+                same_before_free += int((plain_free == before.sample(x, *free, False)).sum())
                 drawn_before += batch
         x = (torch.randn(16, VOCAB, generator=g) * 4).mul(2).round().div(2)  # ties on the boundaries
         args = random_params(g, 16)
