@@ -108,7 +108,8 @@ def time_ops(copy: float, before=None) -> list[dict]:
                 row["invariant_frac_copy"] = row["invariant_gbps"] / copy
                 row["speedup_vs_standard"] = row["standard_us"] / row["invariant_us"]
                 if before is not None and name in FILTERS:
-                    args = (*sampling_args(batch, *FILTERS[name]), FILTERS[name] != FILTERS["sample"])
+                    args = sampling_args(batch, *FILTERS[name])
+                    args = (*args, bool(sampling.row_filters(*args[2:], VOCAB).any()))
                     row["before_us"] = do_bench(lambda: before.sample(x, *args), return_mode="median") * 1e3
                     row["before_graph_us"] = gpu_us(lambda: before.sample(copies(), *args))
                 rows.append(row)

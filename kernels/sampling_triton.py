@@ -90,15 +90,6 @@ def _lse_merge_kernel(m_ptr, z_ptr, out_ptr, C, CP: tl.constexpr):
 
 
 @triton.jit
-def _log_softmax_write_kernel(x_ptr, stride, m_ptr, z_ptr, out_ptr, V, C, BLOCK: tl.constexpr,
-                              CHUNKS: tl.constexpr, CP: tl.constexpr):
-    first = tl.program_id(0) * CHUNKS
-    # The last rows of pass 1 are the likeliest still in L2: start with them.
-    row = tl.num_programs(1) - 1 - tl.program_id(1)
-    _write_log_softmax(x_ptr, stride, m_ptr, z_ptr, out_ptr, row, first, V, C, BLOCK, CHUNKS, CP)
-
-
-@triton.jit
 def _write_log_softmax(x_ptr, stride, m_ptr, z_ptr, out_ptr, row, first, V, C, BLOCK: tl.constexpr,
                        CHUNKS: tl.constexpr, CP: tl.constexpr):
     """x - lse over chunks first .. first + CHUNKS - 1 of one row, lse from the row's partials."""
@@ -114,6 +105,15 @@ def _write_log_softmax(x_ptr, stride, m_ptr, z_ptr, out_ptr, row, first, V, C, B
         x = tl.load(base + ids, mask=ids < V, eviction_policy="evict_first").to(tl.float32)
         # Streaming stores: the output must not push rows still to be read out of L2.
         tl.store(out + ids, x - lse, mask=ids < V, cache_modifier=".cs")
+
+
+@triton.jit
+def _log_softmax_write_kernel(x_ptr, stride, m_ptr, z_ptr, out_ptr, V, C, BLOCK: tl.constexpr,
+                              CHUNKS: tl.constexpr, CP: tl.constexpr):
+    first = tl.program_id(0) * CHUNKS
+    # The last rows of pass 1 are the likeliest still in L2: start with them.
+    row = tl.num_programs(1) - 1 - tl.program_id(1)
+    _write_log_softmax(x_ptr, stride, m_ptr, z_ptr, out_ptr, row, first, V, C, BLOCK, CHUNKS, CP)
 
 
 @triton.jit
@@ -144,21 +144,21 @@ def _log_softmax_kernel(x_ptr, stride, m_ptr, z_ptr, done_ptr, out_ptr, V, C, B,
                                    BLOCK, CHUNKS, CP)
 
 
-def _lse_partials(x: torch.Tensor):
-    block, chunks, per_program, chunks_p2 = _layout(x.shape[1])
-    m = torch.empty((x.shape[0], chunks), dtype=torch.float32, device=x.device)
-    z = torch.empty_like(m)
-    grid = (triton.cdiv(chunks, per_program), x.shape[0])
-    _lse_partial_kernel[grid](x, x.stride(0), m, z, x.shape[1], chunks, BLOCK=block, CHUNKS=per_program,
-                              num_warps=_WARPS)
-    return m, z, chunks_p2
+def _partial_buffers(rows: int, chunks: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (row, chunk): the max and the mass, fp32."""
+    m = torch.empty((rows, chunks), dtype=torch.float32, device=device)
+    return m, torch.empty_like(m)
 
 
 def logsumexp(logits: torch.Tensor) -> torch.Tensor:
     x = _rows(logits)
-    m, z, chunks_p2 = _lse_partials(x)
-    out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    _lse_merge_kernel[(x.shape[0],)](m, z, out, m.shape[1], CP=chunks_p2)
+    B, V = x.shape
+    block, chunks, per_program, chunks_p2 = _layout(V)
+    m, z = _partial_buffers(B, chunks, x.device)
+    _lse_partial_kernel[(triton.cdiv(chunks, per_program), B)](x, x.stride(0), m, z, V, chunks, BLOCK=block,
+                                                                CHUNKS=per_program, num_warps=_WARPS)
+    out = torch.empty(B, dtype=torch.float32, device=x.device)
+    _lse_merge_kernel[(B,)](m, z, out, chunks, CP=chunks_p2)
     return out
 
 
@@ -170,18 +170,17 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     B, V = x.shape
     block, chunks, per_program, chunks_p2 = _layout(V)
     parts = triton.cdiv(chunks, per_program)
+    m, z = _partial_buffers(B, chunks, x.device)
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    shape = dict(BLOCK=block, CHUNKS=per_program, num_warps=_WARPS)
     if x.numel() * (x.element_size() + out.element_size()) <= _ONE_LAUNCH_BYTES:
-        m, z, _ = _lse_partials(x)
-        _log_softmax_write_kernel[(parts, B)](x, x.stride(0), m, z, out, V, chunks, BLOCK=block, CHUNKS=per_program,
-                                              CP=chunks_p2, num_warps=_WARPS)
+        _lse_partial_kernel[(parts, B)](x, x.stride(0), m, z, V, chunks, **shape)
+        _log_softmax_write_kernel[(parts, B)](x, x.stride(0), m, z, out, V, chunks, CP=chunks_p2, **shape)
         return out
-    m = torch.empty((B, chunks), dtype=torch.float32, device=x.device)
-    z = torch.empty_like(m)
     done = torch.zeros(B, dtype=torch.int32, device=x.device)
     lag = _LAG.get(x.element_size(), _LAG[4])
     _log_softmax_kernel[((B + lag) * 2 * parts,)](x, x.stride(0), m, z, done, out, V, chunks, B, parts, lag,
-                                                  BLOCK=block, CHUNKS=per_program, CP=chunks_p2, num_warps=_WARPS)
+                                                  CP=chunks_p2, **shape)
     return out
 
 
@@ -313,8 +312,7 @@ def _sample(x: torch.Tensor, seeds, steps, temperature, top_k, top_p, filtered: 
               top_k.to(device=device, dtype=torch.int32).contiguous(),
               top_p.to(device=device, dtype=torch.float32).contiguous())
     block, chunks, per_program, chunks_p2 = _layout(vocab)
-    m = torch.empty((batch, chunks), dtype=torch.float32, device=device)
-    z = torch.empty_like(m)
+    m, z = _partial_buffers(batch, chunks, device)
     where = torch.empty((batch, chunks), dtype=torch.int32, device=device)
     # Exact IEEE products and sums (no fused multiply-add), as in the torch reference.
     _sample_partial_kernel[(triton.cdiv(chunks, per_program), batch)](
