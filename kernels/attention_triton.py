@@ -9,18 +9,26 @@ Why a row's bits depend only on its own query and its own sequence's KV:
   the matrix unit (the CPU interpreter's BLAS does depend on it). The dot shapes
   along D and along the KV tile never change.
 - KV is walked in tiles of BLOCK_N aligned to ABSOLUTE positions, grouped into
-  splits of a fixed KV_SPLIT tokens (a fixed size, never a fixed count). Inside
-  a split: online softmax over its tiles in order. Masked scores are -inf and
-  become exact zeros, so a tile past a row's own position leaves its state
-  bit-for-bit unchanged; that is why rows of different lengths can share a
-  program. KV past a sequence's length is read as 0, never from the cache, so
-  stale memory (even NaN) cannot leak in through 0 * NaN.
+  splits by position alone: each of the first BAND_TILES tiles is a split of its
+  own, beyond them every CHUNK_TILES tiles make one. A split's softmax partial
+  (max, sum, unnormalized output) is taken against its own running max, never
+  one from an earlier split, so it depends on that split's KV alone. Masked
+  scores are -inf and become exact zeros. KV past a sequence's length is read
+  as 0, never from the cache, so stale memory (even NaN) cannot leak in through
+  0 * NaN. Tiles wholly before a query tile's first position need no mask; they
+  skip it and give the same bits (both walks take the exponent by one explicit
+  fma, so contraction cannot differ between them).
 - Splits are folded in order 0, 1, 2, ... with one formula, `_fold`, written
   with explicit fma so the compiler cannot contract it differently in the two
   kernels that use it. Folding the first split into the empty state is exact,
-  so "fold every split in one program" (prefill) and "one split per program,
-  then fold the stored partials" (decode, and batches too small to fill the
-  GPU) give identical bits; the wrapper picks whichever fills the GPU better.
+  so "fold every split in one program" (prefill, large batches) and "store the
+  partials of some splits per program, then fold them" (small decode batches)
+  give identical bits; the wrapper picks whichever fills the GPU better, and how
+  many splits a program takes only shapes the launch.
+- Why two kinds of split: one-tile splits let a short context spread over many
+  programs (decode at batch 1 is latency-bound), but every split is one more
+  step of the serial fold; past BAND_TILES the fold would dominate, so splits
+  grow to CHUNK_TILES tiles, walked with the usual online softmax.
 """
 from __future__ import annotations
 
@@ -32,10 +40,11 @@ import triton.language as tl
 
 from kernels.device import sm_count
 
-# The constants that fix every row's summation order. Changing any of them
-# changes output bits, so they are part of the kernel version.
-BLOCK_N = 64      # KV positions per tile
-KV_SPLIT = 512    # KV positions per split (a multiple of BLOCK_N)
+# The constants that fix every row's summation order: changing any of them changes output
+# bits, so they are part of the kernel version.
+BLOCK_N = 64       # KV positions per tile
+BAND_TILES = 32    # tiles 0..31 (positions < 2048) are one split each
+CHUNK_TILES = 4    # beyond them, splits of 4 tiles (256 positions)
 NUM_STAGES = 2
 # (max of max_q_len, BLOCK_M query rows per program, num_warps): first row that fits wins.
 # BLOCK_M only decides which rows share a program; bench/kernels_attention.py checks on
@@ -43,6 +52,14 @@ NUM_STAGES = 2
 # 3.6, BLOCK_M 64/128 and 4/8 warps all did; 16 and 32 rows did not).
 CONFIGS = ((1024, 64, 4), (1 << 62, 128, 8))
 
+# The split path (decode-like calls only: a prefill's partials would be T*H rows per
+# split) runs while the fold-in-program path would have fewer programs than SMs (it fits
+# two per SM). A split program takes CHUNK_TILES one-tile splits or one chunk, so that all
+# take about as long, when the context reaches past the band; below it, one-tile splits
+# are shared out for _SPLIT_PROGRAMS_PER_SM programs per SM. H100 decode sweep
+# (bench/results/kernels_attention_notes.md, 2026-11-22 night): these picks were the best
+# or within 5% of it at batch 1-16, context 512-32768. Both only shape the launch.
+_SPLIT_PROGRAMS_PER_SM = 2
 # The partials buffer of the split path is T*H*splits*D fp32; past this size
 # the fold-in-program path runs instead (same bits, no buffer).
 _MAX_PARTIALS_BYTES = 1 << 30
@@ -84,10 +101,97 @@ def _fold(M, L, O, m, l, acc):
 
 
 @triton.jit
+def _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp, stride_vb, stride_vp,
+             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """Positions, K and V of one tile. MASKED: it may reach past the sequence's end (read as 0)."""
+    n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = n < kv_len
+    page = tl.load(bt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+    offs = page[:, None] * stride_kb + (n % PAGE)[:, None] * stride_kp + d[None, :]
+    v_offs = page[:, None] * stride_vb + (n % PAGE)[:, None] * stride_vp + d[None, :]
+    mask = (n_ok[:, None] & d_ok[None, :]) if MASKED else d_ok[None, :]
+    return n, tl.load(k_head + offs, mask=mask, other=0.0), tl.load(v_head + v_offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _scores(q, k, n, pos, scale_log2, MASKED: tl.constexpr):
+    """(raw q.k, base-2 scores with positions past a row's own at -inf)."""
+    raw = tl.dot(q, tl.trans(k))
+    s = raw * scale_log2
+    if MASKED:
+        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
+    return raw, s
+
+
+@triton.jit
+def _weights(raw, n, pos, scale_log2, ref, MASKED: tl.constexpr):
+    """exp2(score - ref), the exponent by one fma in both walks; masked entries exact zeros."""
+    p = tl.exp2(tl.fma(raw, scale_log2, -ref[:, None]))
+    if MASKED:
+        p = tl.where(n[None, :] <= pos[:, None], p, 0.0)
+    return p
+
+
+@triton.jit
+def _online(m, l, acc, q, k_head, v_head, bt, n0, kv_len, pos, d, d_ok, scale_log2,
+            stride_kb, stride_kp, stride_vb, stride_vp,
+            PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """One tile into a split's running (max, sum, output). From the empty state (-inf, 0, 0)
+    it gives the tile's own partial exactly: alpha is 0 and acc * 0 is 0."""
+    n, k, v = _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp, stride_vb, stride_vp,
+                       PAGE, BLOCK_N, MASKED)
+    raw, s = _scores(q, k, n, pos, scale_log2, MASKED)
+    m_new = tl.maximum(m, tl.max(s, 1))
+    ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - ref)
+    p = _weights(raw, n, pos, scale_log2, ref, MASKED)
+    return m_new, tl.fma(l, alpha, tl.sum(p, 1)), tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+
+
+@triton.jit
+def _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos, d, d_ok, scale_log2,
+           stride_kb, stride_kp, stride_vb, stride_vp,
+           PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Partial of the split made of tiles [t0, t1): unmasked tiles before diag, then masked ones."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for t in range(t0, tl.minimum(t1, diag)):
+        m, l, acc = _online(m, l, acc, q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
+                            stride_kb, stride_kp, stride_vb, stride_vp, PAGE, BLOCK_N, False)
+    for t in range(tl.maximum(t0, diag), t1):
+        m, l, acc = _online(m, l, acc, q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
+                            stride_kb, stride_kp, stride_vb, stride_vp, PAGE, BLOCK_N, True)
+    return m, l, acc
+
+
+@triton.jit
+def _tile_split(q, k_head, v_head, bt, n0, kv_len, pos, d, d_ok, scale_log2,
+                stride_kb, stride_kp, stride_vb, stride_vp,
+                PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """Partial of a one-tile split: _online from the empty state, without its zero rescale."""
+    n, k, v = _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp, stride_vb, stride_vp,
+                       PAGE, BLOCK_N, MASKED)
+    raw, s = _scores(q, k, n, pos, scale_log2, MASKED)
+    m = tl.max(s, 1)
+    p = _weights(raw, n, pos, scale_log2, tl.where(m == float("-inf"), 0.0, m), MASKED)
+    return m, tl.sum(p, 1), tl.dot(p.to(v.dtype), v)
+
+
+@triton.jit
+def _store_partial(part_o_ptr, part_ml_ptr, part, d, row_ok, d_ok, m, l, acc, BLOCK_D: tl.constexpr):
+    """One split's raw partial: folded into the empty state it is exactly itself."""
+    tl.store(part_o_ptr + part + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+    # part_ml is [T, H, splits, 2], indexed like part_o without its last (BLOCK_D) axis.
+    tl.store(part_ml_ptr + part // BLOCK_D * 2, m[:, None], mask=row_ok[:, None])
+    tl.store(part_ml_ptr + part // BLOCK_D * 2 + 1, l[:, None], mask=row_ok[:, None])
+
+
+@triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_ml_ptr,
     block_tables_ptr, cu_q_ptr, kv_lens_ptr, cu_tiles_ptr,
-    S, n_iter, scale_log2, kv_split, split_per_program, decode_only,
+    S, n_iter, scale_log2, tiles_per_program, chunks_per_program, tile_programs, decode_only,
     stride_qt, stride_qh,
     stride_kb, stride_kp, stride_kh,
     stride_vb, stride_vp, stride_vh,
@@ -95,12 +199,12 @@ def _attention_kernel(
     stride_bt,
     stride_pt, stride_ph, stride_ps,
     D: tl.constexpr, BLOCK_D: tl.constexpr, G: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND: tl.constexpr, CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // G
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
 
     # Decode-only batches have one tile per sequence: no tile offsets, one launch fewer.
     if decode_only:
@@ -133,57 +237,58 @@ def _attention_kernel(
     q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
-    # Split path: this program does split `split` only; fold path: all splits of its rows.
-    if split_per_program:
-        s_lo = split
-        s_hi = tl.where(split * kv_split <= last_pos, split + 1, split)
-    else:
-        s_lo = split * 0
-        s_hi = tl.where(last_pos >= 0, last_pos // kv_split + 1, 0)
-
-    M = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    L = tl.zeros([BLOCK_M], tl.float32)
-    O = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    m = M
-    l = L
-    acc = O
+    # The program's rows need tiles [0, t_end). Tiles before `diag` end before the query
+    # tile's first position: only the last tile, or two when BLOCK_Q > BLOCK_N, is masked.
+    # A tile wholly past a row's position is exact zeros for it and changes nothing.
+    t_end = tl.where(last_pos >= 0, last_pos // BLOCK_N + 1, 0)
+    diag = tl.minimum(first // BLOCK_N, t_end)
+    band_end = tl.minimum(t_end, BAND)
     bt = block_tables_ptr + seq * stride_bt
-    for sp in range(s_lo, s_hi):
-        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        start = sp * kv_split
-        end = tl.minimum(start + kv_split, last_pos + 1)
-        for n0 in range(start, end, BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N)
-            n_ok = n < kv_len
-            page = tl.load(bt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-            slot = n % PAGE
-            kv_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_ptr + page[:, None] * stride_kb + slot[:, None] * stride_kp
-                        + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale_log2
-            s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m - m_ref)
-            p = tl.exp2(s - m_ref[:, None])
-            l = l * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptr + page[:, None] * stride_vb + slot[:, None] * stride_vp
-                        + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-            m = m_new
-        M, L, O = _fold(M, L, O, m, l, acc)
+    k_head = k_ptr + kv_head * stride_kh
+    v_head = v_ptr + kv_head * stride_vh
+    part = (q_start + tok)[:, None] * stride_pt + head[:, None] * stride_ph
 
-    if split_per_program:
-        # A single split folded into the empty state is exactly (m, l, acc): store the raw partial.
-        part = (q_start + tok)[:, None] * stride_pt + head[:, None] * stride_ph + split * stride_ps
-        keep = row_ok & (tok < tl.where(s_hi > s_lo, q_len, 0))
-        tl.store(part_o_ptr + part + d[None, :], acc, mask=keep[:, None] & d_ok[None, :])
-        # part_ml is [T, H, splits, 2], indexed like part_o without its last (BLOCK_D) axis.
-        tl.store(part_ml_ptr + part // BLOCK_D * 2, m[:, None], mask=keep[:, None])
-        tl.store(part_ml_ptr + part // BLOCK_D * 2 + 1, l[:, None], mask=keep[:, None])
+    if SPLIT:
+        # Programs [0, tile_programs) take runs of one-tile splits, the rest runs of chunks.
+        z = tl.program_id(2)
+        if z < tile_programs:
+            t_lo = z * tiles_per_program
+            t_hi = tl.minimum(t_lo + tiles_per_program, band_end)
+            for t in range(t_lo, tl.minimum(t_hi, diag)):
+                m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
+                                        stride_kb, stride_kp, stride_vb, stride_vp, PAGE, BLOCK_N, False)
+                _store_partial(part_o_ptr, part_ml_ptr, part + t * stride_ps, d, row_ok, d_ok, m, l, acc, BLOCK_D)
+            for t in range(tl.maximum(t_lo, diag), t_hi):
+                m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
+                                        stride_kb, stride_kp, stride_vb, stride_vp, PAGE, BLOCK_N, True)
+                _store_partial(part_o_ptr, part_ml_ptr, part + t * stride_ps, d, row_ok, d_ok, m, l, acc, BLOCK_D)
+        else:
+            c_lo = (z - tile_programs) * chunks_per_program
+            for c in range(c_lo, c_lo + chunks_per_program):
+                t0 = BAND + c * CHUNK
+                if t0 < t_end:
+                    m, l, acc = _split(q, k_head, v_head, bt, t0, tl.minimum(t0 + CHUNK, t_end), diag, kv_len, pos,
+                                       d, d_ok, scale_log2, stride_kb, stride_kp, stride_vb, stride_vp,
+                                       PAGE, BLOCK_N, BLOCK_M, BLOCK_D)
+                    _store_partial(part_o_ptr, part_ml_ptr, part + (BAND + c) * stride_ps, d, row_ok, d_ok,
+                                   m, l, acc, BLOCK_D)
     else:
+        M = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        L = tl.zeros([BLOCK_M], tl.float32)
+        O = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for t in range(0, tl.minimum(band_end, diag)):
+            m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
+                                    stride_kb, stride_kp, stride_vb, stride_vp, PAGE, BLOCK_N, False)
+            M, L, O = _fold(M, L, O, m, l, acc)
+        for t in range(diag, band_end):
+            m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
+                                    stride_kb, stride_kp, stride_vb, stride_vp, PAGE, BLOCK_N, True)
+            M, L, O = _fold(M, L, O, m, l, acc)
+        for t0 in range(BAND, t_end, CHUNK):
+            m, l, acc = _split(q, k_head, v_head, bt, t0, tl.minimum(t0 + CHUNK, t_end), diag, kv_len, pos,
+                               d, d_ok, scale_log2, stride_kb, stride_kp, stride_vb, stride_vp,
+                               PAGE, BLOCK_N, BLOCK_M, BLOCK_D)
+            M, L, O = _fold(M, L, O, m, l, acc)
         o = tl.div_rn(O, tl.where(L > 0, L, 1.0)[:, None])  # L == 0 only on padding rows
         tl.store(o_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -192,12 +297,13 @@ def _attention_kernel(
 @triton.jit
 def _fold_partials_kernel(
     o_ptr, part_o_ptr, part_ml_ptr, cu_q_ptr, kv_lens_ptr,
-    S, n_iter, kv_split, n_rows,
+    S, n_iter, n_rows,
     stride_ot, stride_oh, stride_pt, stride_ph, stride_ps,
     H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, CHUNK_D: tl.constexpr,
-    UNROLL: tl.constexpr, DECODE_ONLY: tl.constexpr,
+    UNROLL: tl.constexpr, DECODE_ONLY: tl.constexpr, BLOCK_N: tl.constexpr, BAND: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
-    # Rows are (token, head) pairs; each folds its own splits 0..pos // kv_split. A row
+    # Rows are (token, head) pairs; each folds its own splits, up to the one holding pos. A row
     # that has run out of splits folds the empty split (-inf, 0, 0): an exact no-op.
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     t = r // H
@@ -209,7 +315,8 @@ def _fold_partials_kernel(
         q_start = tl.load(cu_q_ptr + seq)
         q_len = tl.load(cu_q_ptr + seq + 1) - q_start
         pos = tl.load(kv_lens_ptr + seq) - q_len + (t - q_start)
-    n_splits = tl.where(r < n_rows, pos // kv_split + 1, 0)
+    tile = pos // BLOCK_N
+    n_splits = tl.where(r < n_rows, tl.where(tile < BAND, tile, BAND + (tile - BAND) // CHUNK) + 1, 0)
 
     d = tl.program_id(1) * CHUNK_D + tl.arange(0, CHUNK_D)
     d_ok = d < D
@@ -288,17 +395,18 @@ def _n_iter(n: int) -> int:
 def paged_attention_triton(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, *,
     max_q_len: int, max_kv_len: int, split_per_program: bool | None = None,
-    kv_split: int = KV_SPLIT, config: tuple[int, int] | None = None,
+    splits_per_program: tuple[int, int] | None = None, config: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """split_per_program: None lets the wrapper choose; both choices give identical bits.
-    config: (BLOCK_M, num_warps), default from CONFIGS by max_q_len."""
+    """split_per_program: None lets the wrapper choose; both choices give identical bits, and
+    so does every splits_per_program, (one-tile splits, chunk splits) per split-path program
+    (None: chosen to fill the GPU). config: (BLOCK_M, num_warps), default from CONFIGS by
+    max_q_len."""
     block_m, num_warps = config or next((m, w) for limit, m, w in CONFIGS if max_q_len <= limit)
     T, H, D = q.shape
     S = kv_lens.shape[0]
     h_kv = k_cache.shape[2]
     G = H // h_kv
     assert H % h_kv == 0 and block_m % G == 0, f"GQA group {G} must divide {block_m}"
-    assert kv_split % BLOCK_N == 0
     assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
     o = torch.empty_like(q)
     if T == 0:
@@ -313,45 +421,55 @@ def paged_attention_triton(
                                    BLOCK_Q=block_q, BLOCK_S=triton.next_power_of_2(S + 1))
         # Upper bound on the number of position-aligned query tiles, known on the host: no device sync.
         n_tiles = min(S * (triton.cdiv(max_q_len, block_q) + 1), T // block_q + 2 * S)
-    n_splits = triton.cdiv(max(max_kv_len, 1), kv_split)
+    kv_tiles = triton.cdiv(max(max_kv_len, 1), BLOCK_N)
+    band_tiles = min(kv_tiles, BAND_TILES)
+    chunks = triton.cdiv(kv_tiles - band_tiles, CHUNK_TILES)
+    n_splits = band_tiles + chunks
     BLOCK_D = triton.next_power_of_2(D)
+    sms = sm_count(q.device) if q.is_cuda else 1
     if split_per_program is None:
-        sms = sm_count(q.device) if q.is_cuda else 1
-        partial_bytes = T * H * n_splits * BLOCK_D * 4
-        # Split when it adds parallelism cheaply: decode-like batches (the partials are
-        # ~G/KV_SPLIT of the KV bytes) or too few query tiles to fill the GPU.
-        split_per_program = (n_splits > 1 and partial_bytes <= _MAX_PARTIALS_BYTES
-                             and (max_q_len <= block_q or n_tiles * h_kv < 2 * sms))
-    grid_splits = n_splits if split_per_program else 1
+        split_per_program = (n_splits > 1 and max_q_len <= block_q and n_tiles * h_kv < sms
+                             and T * H * n_splits * BLOCK_D * 4 <= _MAX_PARTIALS_BYTES)
     if split_per_program:
+        if splits_per_program:
+            per_tile, per_chunk = splits_per_program
+        elif chunks:
+            per_tile, per_chunk = CHUNK_TILES, 1
+        else:
+            per_tile, per_chunk = triton.cdiv(n_tiles * h_kv * band_tiles, _SPLIT_PROGRAMS_PER_SM * sms), 1
+        tile_programs = triton.cdiv(band_tiles, per_tile)
+        grid_splits = tile_programs + triton.cdiv(chunks, per_chunk)
         part_o = torch.empty(T, H, n_splits, BLOCK_D, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(T, H, n_splits, 2, dtype=torch.float32, device=q.device)
     else:
+        per_tile, per_chunk, tile_programs, grid_splits = 0, 0, 0, 1
         part_o = part_ml = o  # unused by the fold-in-program path
     _attention_kernel[(n_tiles, h_kv, grid_splits)](
         q, k_cache, v_cache, o, part_o, part_ml,
         block_tables, cu_seqlens_q, kv_lens, cu_tiles,
-        S, _n_iter(S), scale * math.log2(math.e), kv_split, int(split_per_program), int(decode_only),
+        S, _n_iter(S), scale * math.log2(math.e), per_tile, per_chunk, tile_programs, int(decode_only),
         q.stride(0), q.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         o.stride(0), o.stride(1),
         block_tables.stride(0),
         *(part_o.stride()[:3] if split_per_program else (0, 0, 0)),
         D=D, BLOCK_D=BLOCK_D, G=G, PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-        num_warps=num_warps, num_stages=NUM_STAGES,
+        BAND=BAND_TILES, CHUNK=CHUNK_TILES, SPLIT=bool(split_per_program), num_warps=num_warps,
+        num_stages=NUM_STAGES,
     )
     if split_per_program:
         if not q.is_cuda:
             fold = "cpu"
         else:
-            fold = "narrow" if T * H <= _FOLD_NARROW_ROWS_PER_SM * sm_count(q.device) else "wide"
+            fold = "narrow" if T * H <= _FOLD_NARROW_ROWS_PER_SM * sms else "wide"
         rows, chunk_d, max_unroll, warps = _FOLD[fold]
         chunk_d = chunk_d or BLOCK_D
         _fold_partials_kernel[(triton.cdiv(T * H, rows), triton.cdiv(BLOCK_D, chunk_d))](
             o, part_o, part_ml, cu_seqlens_q, kv_lens,
-            S, _n_iter(S), kv_split, T * H,
+            S, _n_iter(S), T * H,
             o.stride(0), o.stride(1), *part_o.stride()[:3],
             H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=rows, CHUNK_D=chunk_d,
-            UNROLL=min(max_unroll, triton.next_power_of_2(n_splits)), DECODE_ONLY=decode_only, num_warps=warps,
+            UNROLL=min(max_unroll, triton.next_power_of_2(n_splits)), DECODE_ONLY=decode_only, BLOCK_N=BLOCK_N,
+            BAND=BAND_TILES, CHUNK=CHUNK_TILES, num_warps=warps,
         )
     return o

@@ -2,9 +2,11 @@
 sequence's rows across batches, positions, chunkings, page placements and paths.
 
 On the CPU the Triton kernels run under TRITON_INTERPRET=1 at tiny sizes in
-fp16/fp32 (the interpreter's bf16 dot is wrong), with a small KV split so that
-every sequence crosses several splits; on a GPU the same properties are checked
-at real sizes in bf16 with the production split.
+fp16/fp32 (the interpreter's bf16 dot is wrong), with the one-tile band cut to
+two tiles so that every sequence crosses both kinds of split; on a GPU the same
+properties are checked at real sizes in bf16 with the production splits. Each
+step takes the split or the fold path at random, and split programs take a
+random number of splits.
 """
 from __future__ import annotations
 
@@ -17,10 +19,19 @@ import torch
 import kernels
 from kernels.attention import paged_attention, paged_attention_reference, store_kv
 from kernels.attention_torch import store_kv_torch
-from kernels.attention_triton import BLOCK_N, KV_SPLIT, paged_attention_triton
+from kernels import attention_triton
+from kernels.attention_triton import BAND_TILES, BLOCK_N, CHUNK_TILES, paged_attention_triton
 
 HAS_CUDA = torch.cuda.is_available()
-CPU_SPLIT = 2 * BLOCK_N  # two tiles per split: exercises both the in-split and the cross-split merge
+CPU_LENGTH = 6 * BLOCK_N + 37  # seven KV tiles, the last one partial: two one-tile splits, three chunks
+GPU_LENGTH = (BAND_TILES + 3 * CHUNK_TILES) * BLOCK_N + 333  # past the band by three chunks and a part
+
+
+@pytest.fixture(autouse=True)
+def small_band_on_cpu(device, monkeypatch):
+    if device == "cpu":
+        monkeypatch.setattr(attention_triton, "BAND_TILES", 2)
+        monkeypatch.setattr(attention_triton, "CHUNK_TILES", 2)
 
 
 @dataclass
@@ -56,7 +67,7 @@ class Cache:
         return [pages[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, stop)]
 
 
-def _attend(cache, batch, split_per_program, kv_split):
+def _attend(cache, batch, split_per_program, splits_per_program):
     """One engine step. batch: (seq, pages, done, q_len) each; writes the new KV, then attends."""
     device = cache.k.device
     width = max(len(pages) for _, pages, _, _ in batch)
@@ -74,11 +85,12 @@ def _attend(cache, batch, split_per_program, kv_split):
             torch.tensor(cu, dtype=torch.int32, device=device),
             torch.tensor(kv_lens, dtype=torch.int32, device=device))
     o = paged_attention_triton(*args, batch[0][0].q.shape[-1] ** -0.5, max_q_len=max(cu[i + 1] - cu[i] for i in range(len(batch))),
-                               max_kv_len=max(kv_lens), split_per_program=split_per_program, kv_split=kv_split)
+                               max_kv_len=max(kv_lens), split_per_program=split_per_program,
+                               splits_per_program=splits_per_program)
     return o, args, cu
 
 
-def _rows_in_scenario(target, chunks, rng, make_seq, cache, kv_split, max_others, cached_prefix):
+def _rows_in_scenario(target, chunks, rng, make_seq, cache, other_len, max_others, cached_prefix):
     """Run `target` through the given prompt chunking, each step inside a random batch.
 
     Returns its output rows for every position, in order. Other sequences get
@@ -92,7 +104,7 @@ def _rows_in_scenario(target, chunks, rng, make_seq, cache, kv_split, max_others
     for q_len in chunks:
         others = []
         for _ in range(rng.randint(0, max_others)):
-            o_len = rng.randint(1, 3 * kv_split)
+            o_len = rng.randint(1, other_len)
             o_q = rng.choice([1, 1, rng.randint(1, o_len)])
             seq = make_seq(o_len)
             o_pages = cache.pages(o_len)
@@ -101,7 +113,7 @@ def _rows_in_scenario(target, chunks, rng, make_seq, cache, kv_split, max_others
             others.append((seq, o_pages, o_len - o_q, o_q))
         at = rng.randint(0, len(others))
         batch = others[:at] + [(target, pages, done, q_len)] + others[at:]
-        o, _, cu = _attend(cache, batch, rng.random() < 0.5, kv_split)
+        o, _, cu = _attend(cache, batch, rng.random() < 0.5, rng.choice([None, (1, 1), (2, 1), (3, 2)]))
         rows.append(o[cu[at]: cu[at + 1]])
         done += q_len
     return torch.cat(rows)
@@ -115,7 +127,7 @@ def _random_chunks(length, rng) -> list[int]:
     return [b - a for a, b in zip(bounds, bounds[1:]) if b > a] + [1] * decode
 
 
-def _invariance(G, block_size, dtype, device, gen, *, length, kv_split, scenarios, max_others, H_kv, D):
+def _invariance(G, block_size, dtype, device, gen, *, length, other_len, scenarios, max_others, H_kv, D):
     seed = int(torch.randint(0, 2**31, (1,), generator=gen))
     rng = random.Random(seed)
     draw_on = torch.Generator(device).manual_seed(seed)  # drawing on the GPU keeps real sizes fast
@@ -123,13 +135,13 @@ def _invariance(G, block_size, dtype, device, gen, *, length, kv_split, scenario
     make_seq = lambda n: _seq(n, H, H_kv, D, dtype, device, draw_on)  # noqa: E731
     target = make_seq(length)
     steps = 7  # at most 4 prompt chunks and 3 decode steps (_random_chunks)
-    per_scenario = length // block_size + 1 + steps * max_others * (3 * kv_split // block_size + 1)
+    per_scenario = length // block_size + 1 + steps * max_others * (other_len // block_size + 1)
     cache = Cache((scenarios + 1) * per_scenario, block_size, H_kv, D, dtype, device, rng)
-    baseline = _rows_in_scenario(target, [length], rng, make_seq, cache, kv_split, 0, 0)
+    baseline = _rows_in_scenario(target, [length], rng, make_seq, cache, other_len, 0, 0)
     for _ in range(scenarios):
         cached = rng.choice([0, rng.randint(1, length - 1)])
         chunks = _random_chunks(length - cached, rng)
-        rows = _rows_in_scenario(target, chunks, rng, make_seq, cache, kv_split, max_others, cached)
+        rows = _rows_in_scenario(target, chunks, rng, make_seq, cache, other_len, max_others, cached)
         # Positions of the cached prefix produce no rows in this scenario.
         assert torch.equal(rows, baseline[cached:]), f"chunks={chunks} cached={cached}"
     return target, baseline
@@ -160,8 +172,8 @@ def _reference_rows(target, block_size, device):
 def test_rows_are_bit_invariant_and_accurate(G, block_size, dtype, device, gen):
     if device == "cuda" and dtype == torch.float32:
         pytest.skip("fp32 dots run as tf32 on the GPU; the GPU test covers bf16")
-    target, rows = _invariance(G, block_size, dtype, device, gen, length=CPU_SPLIT * 2 + 37,
-                               kv_split=CPU_SPLIT, scenarios=3, max_others=2, H_kv=2 if G < 8 else 1, D=32)
+    target, rows = _invariance(G, block_size, dtype, device, gen, length=CPU_LENGTH,
+                               other_len=6 * BLOCK_N, scenarios=3, max_others=2, H_kv=2 if G < 8 else 1, D=32)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     assert _rel_err(rows, _reference_rows(target, block_size, device)) < tol
 
@@ -218,6 +230,6 @@ def test_public_entry_point_matches_reference_in_each_mode(mode, device, gen):
 
 @pytest.mark.parametrize("G,block_size", [(1, 16), (4, 16), (8, 64)])
 def test_rows_are_bit_invariant_at_real_sizes(G, block_size, gpu, gen):
-    target, rows = _invariance(G, block_size, torch.bfloat16, "cuda", gen, length=3 * KV_SPLIT + 333,
-                               kv_split=KV_SPLIT, scenarios=6, max_others=12, H_kv=8 if G < 8 else 4, D=128)
+    target, rows = _invariance(G, block_size, torch.bfloat16, "cuda", gen, length=GPU_LENGTH,
+                               other_len=GPU_LENGTH, scenarios=6, max_others=12, H_kv=8 if G < 8 else 4, D=128)
     assert _rel_err(rows, _reference_rows(target, block_size, "cuda")) < 1e-2
