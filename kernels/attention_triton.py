@@ -136,8 +136,7 @@ def _weights(raw, n, pos, scale_log2, ref, MASKED: tl.constexpr):
 def _online(m, l, acc, q, k_head, v_head, bt, n0, kv_len, pos, d, d_ok, scale_log2,
             stride_kb, stride_kp, stride_vb, stride_vp,
             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
-    """One tile into a split's running (max, sum, output). From the empty state (-inf, 0, 0)
-    it gives the tile's own partial exactly: alpha is 0 and acc * 0 is 0."""
+    """One tile into a chunk split's running (max, sum, output): the online softmax step."""
     n, k, v = _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp, stride_vb, stride_vp,
                        PAGE, BLOCK_N, MASKED)
     raw, s = _scores(q, k, n, pos, scale_log2, MASKED)
@@ -169,7 +168,7 @@ def _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos, d, d_ok, scale_log2
 def _tile_split(q, k_head, v_head, bt, n0, kv_len, pos, d, d_ok, scale_log2,
                 stride_kb, stride_kp, stride_vb, stride_vp,
                 PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
-    """Partial of a one-tile split: _online from the empty state, without its zero rescale."""
+    """Partial of a one-tile split, against the tile's own max: no state from any other tile."""
     n, k, v = _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp, stride_vb, stride_vp,
                        PAGE, BLOCK_N, MASKED)
     raw, s = _scores(q, k, n, pos, scale_log2, MASKED)
