@@ -57,7 +57,7 @@ KERNELS = (
     ("argmax partial", st._argmax_partial_kernel, {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS}, {"num_warps": st._WARPS}),
     ("logsumexp partial", st._lse_partial_kernel, {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS}, {"num_warps": st._WARPS}),
 )
-_INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+_INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _BRANCH = re.compile(r"\bBRA\s+`\((\.L_x_\d+)\)")
 
