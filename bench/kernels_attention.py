@@ -217,6 +217,13 @@ def decode_batch(B, ctx, gen):
     return q, cu, torch.full((B,), ctx, device=DEV, dtype=torch.int32)
 
 
+def prefill_batch(B, L, gen):
+    """Whole prompts of L tokens for B sequences over paged_copy's KV: (q [B, L, H, D], cu_seqlens_q, kv_lens)."""
+    q = torch.randn(B, L, H, D, device=DEV, dtype=DTYPE, generator=gen)
+    cu = torch.arange(0, B * L + 1, L, device=DEV, dtype=torch.int32)
+    return q, cu, torch.full((B,), L, device=DEV, dtype=torch.int32)
+
+
 def fastest_sdpa(q, k, v, causal, backends) -> tuple[float, str]:
     best = (float("inf"), "none")
     for backend in backends:
@@ -272,9 +279,7 @@ def prefill_table(tflops, shapes, gen) -> list[dict]:
     out = []
     for B, L in shapes:
         k_cache, v_cache, tables, k, v = paged_copy(B, L, gen)
-        q = torch.randn(B, L, H, D, device=DEV, dtype=DTYPE, generator=gen)
-        cu = torch.arange(0, B * L + 1, L, device=DEV, dtype=torch.int32)
-        kv_lens = torch.full((B,), L, device=DEV, dtype=torch.int32)
+        q, cu, kv_lens = prefill_batch(B, L, gen)
         qp = q.flatten(0, 1)
         print(f"prefill B={B} L={L}", flush=True)
         row = {"batch": B, "seq_len": L}

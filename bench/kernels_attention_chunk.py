@@ -52,9 +52,8 @@ def main():
         k_cache = v_cache = k = v = None
     for B, L in [(1, 8192), (1, 16384)]:
         k_cache, v_cache, tables, _, _ = ka.paged_copy(B, L, gen)
-        q = torch.randn(B * L, ka.H, ka.D, device=ka.DEV, dtype=ka.DTYPE, generator=gen)
-        cu = torch.arange(0, B * L + 1, L, device=ka.DEV, dtype=torch.int32)
-        kv_lens = torch.full((B,), L, device=ka.DEV, dtype=torch.int32)
+        q, cu, kv_lens = ka.prefill_batch(B, L, gen)
+        q = q.flatten(0, 1)
         row = {"op": "prefill", "batch": B, "len": L, **timed(lambda: at.paged_attention_triton(
             q, k_cache, v_cache, tables, cu, kv_lens, ka.D ** -0.5, max_q_len=L, max_kv_len=L))}
         rows.append(row)
