@@ -48,24 +48,30 @@ def norms() -> dict[str, str]:
             "rms_norm_residual 2048x4096": digest(torch.cat([normed, new_res]))}
 
 
-def attention() -> dict[str, str]:
+def paged(lens, q_lens, seed) -> str:
+    """Digest of one paged attention call: sequences of kv length lens, the last q_lens rows queried."""
     heads, kv_heads, dim, page = 32, 8, 128, 16
-    lens = [1, 200, 1500, 5000]             # kv lengths; the last rows are each sequence's queries
-    q_lens = [1, 200, 37, 1]                # decode, full prefill, chunk over a cached prefix, decode
     blocks = sum((n + page - 1) // page for n in lens)
-    k_cache, v_cache = inputs(21, blocks, page, kv_heads, dim), inputs(22, blocks, page, kv_heads, dim)
-    perm = torch.randperm(blocks, generator=torch.Generator().manual_seed(23))
+    k_cache, v_cache = inputs(seed, blocks, page, kv_heads, dim), inputs(seed + 1, blocks, page, kv_heads, dim)
+    perm = torch.randperm(blocks, generator=torch.Generator().manual_seed(seed + 2))
     table = torch.zeros(len(lens), max((n + page - 1) // page for n in lens), dtype=torch.int32)
     at = 0
     for s, n in enumerate(lens):
         used = (n + page - 1) // page
         table[s, :used] = perm[at:at + used].to(torch.int32)
         at += used
-    q = inputs(24, sum(q_lens), heads, dim)
+    q = inputs(seed + 3, sum(q_lens), heads, dim)
     cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
     o = kernels.paged_attention(q, k_cache, v_cache, table.to(DEVICE), cu.to(DEVICE), torch.tensor(lens, dtype=torch.int32).to(DEVICE),
                                 max_q_len=max(q_lens), max_kv_len=max(lens))
-    return {"paged_attention mixed batch": digest(o)}
+    return digest(o)
+
+
+def attention() -> dict[str, str]:
+    # Decode, full prefill, a chunk over a cached prefix, decode; then long context, past
+    # position 8192 where the splits widen (added with KERNEL_VERSION 4).
+    return {"paged_attention mixed batch": paged([1, 200, 1500, 5000], [1, 200, 37, 1], 21),
+            "paged_attention long context": paged([20000, 9000, 12345], [1, 1, 70], 41)}
 
 
 def sampling() -> dict[str, str]:

@@ -10,7 +10,8 @@ Why a row's bits depend only on its own query and its own sequence's KV:
   along D and along the KV tile never change.
 - KV is walked in tiles of BLOCK_N aligned to ABSOLUTE positions, grouped into
   splits by position alone: each of the first BAND_TILES tiles is a split of its
-  own, beyond them every CHUNK_TILES tiles make one. A split's softmax partial
+  own, then every CHUNK_TILES tiles make one up to tile WIDE_FROM, and every
+  WIDE_TILES tiles beyond it. A split's softmax partial
   (max, sum, unnormalized output) is taken against its own running max, never
   one from an earlier split, so it depends on that split's KV alone. Masked
   scores are -inf and become exact zeros. KV past a sequence's length is read
@@ -25,10 +26,11 @@ Why a row's bits depend only on its own query and its own sequence's KV:
   partials of some splits per program, then fold them" (small decode batches)
   give identical bits; the wrapper picks whichever fills the GPU better, and how
   many splits a program takes only shapes the launch.
-- Why two kinds of split: one-tile splits let a short context spread over many
-  programs (decode at batch 1 is latency-bound), but every split is one more
+- Why splits grow with position: one-tile splits let a short context spread over
+  many programs (decode at batch 1 is latency-bound), but every split is one more
   step of the serial fold; past BAND_TILES the fold would dominate, so splits
-  grow to CHUNK_TILES tiles, walked with the usual online softmax.
+  grow to CHUNK_TILES tiles, walked with the usual online softmax, and at long
+  context to WIDE_TILES, where there are enough of them to fill the GPU anyway.
 """
 from __future__ import annotations
 
@@ -44,21 +46,33 @@ from kernels.device import sm_count
 # bits, so they are part of the kernel version.
 BLOCK_N = 64       # KV positions per tile
 BAND_TILES = 32    # tiles 0..31 (positions < 2048) are one split each
-CHUNK_TILES = 4    # beyond them, splits of 4 tiles (256 positions)
-NUM_STAGES = 2
+CHUNK_TILES = 4    # then splits of 4 tiles (256 positions)
+WIDE_FROM = 128    # from tile 128 (position 8192) on,
+WIDE_TILES = 16    # splits of 16 tiles (1024 positions)
 # (max of max_q_len, BLOCK_M query rows per program, num_warps): first row that fits wins.
 # BLOCK_M only decides which rows share a program; bench/kernels_attention.py checks on
 # the GPU that every row here gives the same bits as the first (on an H100 with Triton
 # 3.6, BLOCK_M 64/128 and 4/8 warps all did; 16 and 32 rows did not).
 CONFIGS = ((1024, 64, 4), (1 << 62, 128, 8))
 
+# KV tiles in flight per program. Decode walks are chains of dependent page-table and
+# KV loads with little math, so they keep a third tile coming: 2-6% faster at batch 2-256
+# (bench/kernels_attention_latency.py, input sets rotated past the L2; 5% slower at
+# batch 1 / 512 only). Prefill keeps the two it was tuned with. Scheduling only: no sum
+# changes order (bits equal in every case of that bench).
+NUM_STAGES = 2
+DECODE_STAGES = 3
+
 # The split path (decode-like calls only: a prefill's partials would be T*H rows per
 # split) runs while the fold-in-program path would have fewer programs than SMs (it fits
-# two per SM). A split program takes CHUNK_TILES one-tile splits or one chunk, so that all
-# take about as long, when the context reaches past the band; below it, one-tile splits
-# are shared out for _SPLIT_PROGRAMS_PER_SM programs per SM. H100 decode sweep
-# (bench/results/kernels_attention_notes.md, 2026-11-22 night): these picks were the best
-# or within 5% of it at batch 1-16, context 512-32768. Both only shape the launch.
+# two per SM), unless that path already has half an SM's worth of programs with chains no
+# longer than the band: there its single launch wins (batch 16 at context 512 and 2048:
+# 4% and 6% faster). Past the band, a split program takes one chunk or CHUNK_TILES
+# one-tile splits, twice that once there would be over _SPLIT_PROGRAMS_PER_SM programs
+# per SM anyway (fewer, longer programs: 1-3% at batch 2-16, context 8192-32768); within
+# it, one-tile splits are shared out for _SPLIT_PROGRAMS_PER_SM programs per SM. H100
+# decode sweeps (bench/results/kernels_attention_notes.md): these picks were the best or
+# within 5% of it at batch 1-16, context 512-32768. None of them changes bits.
 _SPLIT_PROGRAMS_PER_SM = 2
 # The partials buffer of the split path is T*H*splits*D fp32; past this size
 # the fold-in-program path runs instead (same bits, no buffer).
@@ -86,6 +100,22 @@ def _seq_of(cu_ptr, idx, S, n_iter):
         lo = tl.where(go, mid, lo)
         hi = tl.where(go, hi, mid - 1)
     return lo
+
+
+@triton.jit
+def _split_of(tile, BAND: tl.constexpr, CHUNK: tl.constexpr, WIDE_FROM: tl.constexpr, WIDE: tl.constexpr):
+    """Index of the split holding KV tile `tile` (a vector or a scalar)."""
+    return tl.where(tile < BAND, tile,
+                    tl.where(tile < WIDE_FROM, BAND + (tile - BAND) // CHUNK,
+                             BAND + (WIDE_FROM - BAND) // CHUNK + (tile - WIDE_FROM) // WIDE))
+
+
+@triton.jit
+def _chunk_tiles(c, t_end, BAND: tl.constexpr, CHUNK: tl.constexpr, WIDE_FROM: tl.constexpr, WIDE: tl.constexpr):
+    """Tiles [t0, t1) of chunk split c (split BAND + c), cut at t_end."""
+    n_mid: tl.constexpr = (WIDE_FROM - BAND) // CHUNK
+    t0 = tl.where(c < n_mid, BAND + c * CHUNK, WIDE_FROM + (c - n_mid) * WIDE)
+    return t0, tl.minimum(t0 + tl.where(c < n_mid, CHUNK, WIDE), t_end)
 
 
 @triton.jit
@@ -199,7 +229,7 @@ def _attention_kernel(
     stride_pt, stride_ph, stride_ps,
     D: tl.constexpr, BLOCK_D: tl.constexpr, G: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND: tl.constexpr, CHUNK: tl.constexpr,
-    SPLIT: tl.constexpr,
+    WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, SPLIT: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // G
     tile = tl.program_id(0)
@@ -264,9 +294,9 @@ def _attention_kernel(
         else:
             c_lo = (z - tile_programs) * chunks_per_program
             for c in range(c_lo, c_lo + chunks_per_program):
-                t0 = BAND + c * CHUNK
+                t0, t1 = _chunk_tiles(c, t_end, BAND, CHUNK, WIDE_FROM, WIDE)
                 if t0 < t_end:
-                    m, l, acc = _split(q, k_head, v_head, bt, t0, tl.minimum(t0 + CHUNK, t_end), diag, kv_len, pos,
+                    m, l, acc = _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos,
                                        d, d_ok, scale_log2, stride_kb, stride_kp, stride_vb, stride_vp,
                                        PAGE, BLOCK_N, BLOCK_M, BLOCK_D)
                     _store_partial(part_o_ptr, part_ml_ptr, part + (BAND + c) * stride_ps, d, row_ok, d_ok,
@@ -283,8 +313,9 @@ def _attention_kernel(
             m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
                                     stride_kb, stride_kp, stride_vb, stride_vp, PAGE, BLOCK_N, True)
             M, L, O = _fold(M, L, O, m, l, acc)
-        for t0 in range(BAND, t_end, CHUNK):
-            m, l, acc = _split(q, k_head, v_head, bt, t0, tl.minimum(t0 + CHUNK, t_end), diag, kv_len, pos,
+        for c in range(0, _split_of(t_end - 1, BAND, CHUNK, WIDE_FROM, WIDE) + 1 - BAND):
+            t0, t1 = _chunk_tiles(c, t_end, BAND, CHUNK, WIDE_FROM, WIDE)
+            m, l, acc = _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos,
                                d, d_ok, scale_log2, stride_kb, stride_kp, stride_vb, stride_vp,
                                PAGE, BLOCK_N, BLOCK_M, BLOCK_D)
             M, L, O = _fold(M, L, O, m, l, acc)
@@ -300,7 +331,7 @@ def _fold_partials_kernel(
     stride_ot, stride_oh, stride_pt, stride_ph, stride_ps,
     H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, CHUNK_D: tl.constexpr,
     UNROLL: tl.constexpr, DECODE_ONLY: tl.constexpr, BLOCK_N: tl.constexpr, BAND: tl.constexpr,
-    CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, WIDE_FROM: tl.constexpr, WIDE: tl.constexpr,
 ):
     # Rows are (token, head) pairs; each folds its own splits, up to the one holding pos. A row
     # that has run out of splits folds the empty split (-inf, 0, 0): an exact no-op.
@@ -314,8 +345,7 @@ def _fold_partials_kernel(
         q_start = tl.load(cu_q_ptr + seq)
         q_len = tl.load(cu_q_ptr + seq + 1) - q_start
         pos = tl.load(kv_lens_ptr + seq) - q_len + (t - q_start)
-    tile = pos // BLOCK_N
-    n_splits = tl.where(r < n_rows, tl.where(tile < BAND, tile, BAND + (tile - BAND) // CHUNK) + 1, 0)
+    n_splits = tl.where(r < n_rows, _split_of(pos // BLOCK_N, BAND, CHUNK, WIDE_FROM, WIDE) + 1, 0)
 
     d = tl.program_id(1) * CHUNK_D + tl.arange(0, CHUNK_D)
     d_ok = d < D
@@ -420,20 +450,25 @@ def paged_attention_triton(
                                    BLOCK_Q=block_q, BLOCK_S=triton.next_power_of_2(S + 1))
         # Upper bound on the number of position-aligned query tiles, known on the host: no device sync.
         n_tiles = min(S * (triton.cdiv(max_q_len, block_q) + 1), T // block_q + 2 * S)
+    assert (WIDE_FROM - BAND_TILES) % CHUNK_TILES == 0, "chunks must end where the wide splits begin"
     kv_tiles = triton.cdiv(max(max_kv_len, 1), BLOCK_N)
     band_tiles = min(kv_tiles, BAND_TILES)
-    chunks = triton.cdiv(kv_tiles - band_tiles, CHUNK_TILES)
+    mid_tiles = min(kv_tiles, WIDE_FROM) - band_tiles
+    chunks = triton.cdiv(mid_tiles, CHUNK_TILES) + triton.cdiv(kv_tiles - band_tiles - mid_tiles, WIDE_TILES)
     n_splits = band_tiles + chunks
     BLOCK_D = triton.next_power_of_2(D)
     sms = sm_count(q.device) if q.is_cuda else 1
     if split_per_program is None:
-        split_per_program = (n_splits > 1 and max_q_len <= block_q and n_tiles * h_kv < sms
+        fold_programs = n_tiles * h_kv
+        split_per_program = (n_splits > 1 and max_q_len <= block_q
+                             and (2 * fold_programs < sms or (fold_programs < sms and kv_tiles > BAND_TILES))
                              and T * H * n_splits * BLOCK_D * 4 <= _MAX_PARTIALS_BYTES)
     if split_per_program:
         if splits_per_program:
             per_tile, per_chunk = splits_per_program
         elif chunks:
-            per_tile, per_chunk = CHUNK_TILES, 1
+            programs = n_tiles * h_kv * (triton.cdiv(band_tiles, CHUNK_TILES) + chunks)
+            per_tile, per_chunk = CHUNK_TILES * (2 if programs > _SPLIT_PROGRAMS_PER_SM * sms else 1), 1
         else:
             per_tile, per_chunk = triton.cdiv(n_tiles * h_kv * band_tiles, _SPLIT_PROGRAMS_PER_SM * sms), 1
         tile_programs = triton.cdiv(band_tiles, per_tile)
@@ -453,8 +488,9 @@ def paged_attention_triton(
         block_tables.stride(0),
         *(part_o.stride()[:3] if split_per_program else (0, 0, 0)),
         D=D, BLOCK_D=BLOCK_D, G=G, PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-        BAND=BAND_TILES, CHUNK=CHUNK_TILES, SPLIT=bool(split_per_program), num_warps=num_warps,
-        num_stages=NUM_STAGES,
+        BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, SPLIT=bool(split_per_program),
+        num_warps=num_warps,
+        num_stages=DECODE_STAGES if max_q_len <= block_q else NUM_STAGES,
     )
     if split_per_program:
         if not q.is_cuda:
@@ -469,6 +505,6 @@ def paged_attention_triton(
             o.stride(0), o.stride(1), *part_o.stride()[:3],
             H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=rows, CHUNK_D=chunk_d,
             UNROLL=min(max_unroll, triton.next_power_of_2(n_splits)), DECODE_ONLY=decode_only, BLOCK_N=BLOCK_N,
-            BAND=BAND_TILES, CHUNK=CHUNK_TILES, num_warps=warps,
+            BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, num_warps=warps,
         )
     return o

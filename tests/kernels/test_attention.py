@@ -20,11 +20,12 @@ import kernels
 from kernels.attention import paged_attention, paged_attention_reference, store_kv
 from kernels.attention_torch import store_kv_torch
 from kernels import attention_triton
-from kernels.attention_triton import BAND_TILES, BLOCK_N, CHUNK_TILES, paged_attention_triton
+from kernels.attention_triton import BLOCK_N, WIDE_FROM, WIDE_TILES, paged_attention_triton
 
 HAS_CUDA = torch.cuda.is_available()
-CPU_LENGTH = 6 * BLOCK_N + 37  # seven KV tiles, the last one partial: two one-tile splits, three chunks
-GPU_LENGTH = (BAND_TILES + 3 * CHUNK_TILES) * BLOCK_N + 333  # past the band by three chunks and a part
+# Seven KV tiles, the last one partial: two one-tile splits, a 2-tile chunk, a 3-tile chunk cut at 7.
+CPU_LENGTH = 6 * BLOCK_N + 37
+GPU_LENGTH = (WIDE_FROM + 2 * WIDE_TILES) * BLOCK_N + 333  # into the wide splits by two and a part
 
 
 @pytest.fixture(autouse=True)
@@ -32,6 +33,8 @@ def small_band_on_cpu(device, monkeypatch):
     if device == "cpu":
         monkeypatch.setattr(attention_triton, "BAND_TILES", 2)
         monkeypatch.setattr(attention_triton, "CHUNK_TILES", 2)
+        monkeypatch.setattr(attention_triton, "WIDE_FROM", 4)
+        monkeypatch.setattr(attention_triton, "WIDE_TILES", 3)
 
 
 @dataclass
@@ -84,7 +87,12 @@ def _attend(cache, batch, split_per_program, splits_per_program):
     args = (torch.cat(q), cache.k, cache.v, torch.tensor(tables, dtype=torch.int32, device=device),
             torch.tensor(cu, dtype=torch.int32, device=device),
             torch.tensor(kv_lens, dtype=torch.int32, device=device))
-    o = paged_attention_triton(*args, batch[0][0].q.shape[-1] ** -0.5, max_q_len=max(cu[i + 1] - cu[i] for i in range(len(batch))),
+    T, H, D = args[0].shape
+    if split_per_program and T * H * -(-max(kv_lens) // BLOCK_N) * D * 4 > 1 << 32:
+        # Forced onto a long prefill, the split path's fp32 partials would take tens of GB at
+        # the GPU sizes (the wrapper only takes it for decode-like steps): let the wrapper pick.
+        split_per_program = None
+    o = paged_attention_triton(*args, D ** -0.5, max_q_len=max(cu[i + 1] - cu[i] for i in range(len(batch))),
                                max_kv_len=max(kv_lens), split_per_program=split_per_program,
                                splits_per_program=splits_per_program)
     return o, args, cu
@@ -151,18 +159,21 @@ def _rel_err(out, ref) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def _reference_rows(target, block_size, device):
-    """fp64 reference for one sequence prefilled alone, contiguous pages."""
+def _reference_rows(target, block_size, device, rows_per_call=1024):
+    """fp64 reference for one sequence prefilled alone, contiguous pages. Rows go in blocks
+    (each a chunk over the prefix before it): whole, the fp64 scores of 32 heads at 9549
+    positions would be 23 GB, three times over."""
     length, h_kv, D = target.k.shape
     n = -(-length // block_size)
     kc = torch.zeros(n * block_size, h_kv, D, dtype=torch.float64, device=device)
     vc = torch.zeros_like(kc)
     kc[:length], vc[:length] = target.k.double(), target.v.double()
-    return paged_attention_reference(
-        target.q.double(), kc.view(n, block_size, h_kv, D), vc.view(n, block_size, h_kv, D),
-        torch.arange(n, dtype=torch.int32, device=device)[None],
-        torch.tensor([0, length], dtype=torch.int32, device=device),
-        torch.tensor([length], dtype=torch.int32, device=device), compute_dtype=torch.float64)
+    table = torch.arange(n, dtype=torch.int32, device=device)[None]
+    return torch.cat([paged_attention_reference(
+        target.q[a: a + rows_per_call].double(), kc.view(n, block_size, h_kv, D), vc.view(n, block_size, h_kv, D),
+        table, torch.tensor([0, min(rows_per_call, length - a)], dtype=torch.int32, device=device),
+        torch.tensor([min(a + rows_per_call, length)], dtype=torch.int32, device=device),
+        compute_dtype=torch.float64) for a in range(0, length, rows_per_call)])
 
 
 # -- CPU (interpreter) at tiny sizes; also runs on a GPU ---------------------------------------
