@@ -74,8 +74,10 @@ DECODE_STAGES = 3
 # decode sweeps (bench/results/kernels_attention_notes.md): these picks were the best or
 # within 5% of it at batch 1-16, context 512-32768. None of them changes bits.
 _SPLIT_PROGRAMS_PER_SM = 2
-# The partials buffer of the split path is T*H*splits*D fp32; past this size
-# the fold-in-program path runs instead (same bits, no buffer).
+# The partials buffer of the split path is T*H*splits*D fp32; past this size the
+# fold-in-program path runs instead (same bits, no buffer), even when the split path was
+# asked for: the kernels index the buffer in int32, and a forced split on a long prefill
+# (10000 tokens at 32 heads) overran it and faulted.
 _MAX_PARTIALS_BYTES = 1 << 30
 # Partials fold, (rows, D columns (None: all), most splits loaded together, warps) per
 # program. With few (token, head) rows its time is one row's serial chain, so "narrow"
@@ -426,8 +428,9 @@ def paged_attention_triton(
     max_q_len: int, max_kv_len: int, split_per_program: bool | None = None,
     splits_per_program: tuple[int, int] | None = None, config: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """split_per_program: None lets the wrapper choose; both choices give identical bits, and
-    so does every splits_per_program, (one-tile splits, chunk splits) per split-path program
+    """split_per_program: None lets the wrapper choose; True takes the split path wherever its
+    partials fit in _MAX_PARTIALS_BYTES. Both paths give identical bits, and so does every
+    splits_per_program, (one-tile splits, chunk splits) per split-path program
     (None: chosen to fill the GPU). config: (BLOCK_M, num_warps), default from CONFIGS by
     max_q_len."""
     block_m, num_warps = config or next((m, w) for limit, m, w in CONFIGS if max_q_len <= limit)
@@ -458,11 +461,12 @@ def paged_attention_triton(
     n_splits = band_tiles + chunks
     BLOCK_D = triton.next_power_of_2(D)
     sms = sm_count(q.device) if q.is_cuda else 1
+    partials_fit = T * H * n_splits * BLOCK_D * 4 <= _MAX_PARTIALS_BYTES
     if split_per_program is None:
         fold_programs = n_tiles * h_kv
         split_per_program = (n_splits > 1 and max_q_len <= block_q
-                             and (2 * fold_programs < sms or (fold_programs < sms and kv_tiles > BAND_TILES))
-                             and T * H * n_splits * BLOCK_D * 4 <= _MAX_PARTIALS_BYTES)
+                             and (2 * fold_programs < sms or (fold_programs < sms and kv_tiles > BAND_TILES)))
+    split_per_program = split_per_program and partials_fit
     if split_per_program:
         if splits_per_program:
             per_tile, per_chunk = splits_per_program

@@ -87,12 +87,7 @@ def _attend(cache, batch, split_per_program, splits_per_program):
     args = (torch.cat(q), cache.k, cache.v, torch.tensor(tables, dtype=torch.int32, device=device),
             torch.tensor(cu, dtype=torch.int32, device=device),
             torch.tensor(kv_lens, dtype=torch.int32, device=device))
-    T, H, D = args[0].shape
-    if split_per_program and T * H * -(-max(kv_lens) // BLOCK_N) * D * 4 > 1 << 32:
-        # Forced onto a long prefill, the split path's fp32 partials would take tens of GB at
-        # the GPU sizes (the wrapper only takes it for decode-like steps): let the wrapper pick.
-        split_per_program = None
-    o = paged_attention_triton(*args, D ** -0.5, max_q_len=max(cu[i + 1] - cu[i] for i in range(len(batch))),
+    o = paged_attention_triton(*args, batch[0][0].q.shape[-1] ** -0.5, max_q_len=max(cu[i + 1] - cu[i] for i in range(len(batch))),
                                max_kv_len=max(kv_lens), split_per_program=split_per_program,
                                splits_per_program=splits_per_program)
     return o, args, cu
