@@ -23,7 +23,7 @@ from kernels import attention_triton
 from kernels.attention_triton import BLOCK_N, WIDE_FROM, WIDE_TILES, paged_attention_triton
 
 HAS_CUDA = torch.cuda.is_available()
-# Seven KV tiles, the last one partial: two one-tile splits, a 2-tile chunk, a 3-tile chunk cut at 7.
+# Seven KV tiles, the last one partial: two one-tile splits, a 2-tile chunk, then a 3-tile wide split.
 CPU_LENGTH = 6 * BLOCK_N + 37
 GPU_LENGTH = (WIDE_FROM + 2 * WIDE_TILES) * BLOCK_N + 333  # into the wide splits by two and a part
 
