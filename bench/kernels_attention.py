@@ -36,6 +36,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.kernels_dense import l2_copies  # noqa: E402
 from kernels import attention_triton as at  # noqa: E402
 from kernels.attention import paged_attention, store_kv  # noqa: E402
 
@@ -55,11 +56,6 @@ def bench_graph(fn) -> float:
     # stream: inputs still being written there would be read half-made (page ids included).
     torch.cuda.synchronize()
     return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
-
-
-def rotation(bytes_per_set: int) -> int:
-    """Input sets one replay rotates through so that it reads 4x the L2: else small shapes time the cache."""
-    return max(1, -(-4 * torch.cuda.get_device_properties(DEV).L2_cache_size // bytes_per_set))
 
 
 def bench_rotated(calls) -> float:
@@ -237,8 +233,10 @@ def kv_bytes(B, ctx) -> int:
 
 
 def decode_sets(B, ctx, gen) -> list[tuple]:
-    """rotation()'s worth of decode inputs: (k_cache, v_cache, tables, k, v, q, cu, kv_lens) each."""
-    return [paged_copy(B, ctx, gen) + decode_batch(B, ctx, gen) for _ in range(rotation(kv_bytes(B, ctx)))]
+    """Decode inputs making 4x the L2 (else small shapes time the cache), uncapped:
+    (k_cache, v_cache, tables, k, v, q, cu, kv_lens) each."""
+    return [paged_copy(B, ctx, gen) + decode_batch(B, ctx, gen)
+            for _ in range(l2_copies(kv_bytes(B, ctx), times=4, most=None))]
 
 
 def decode_call(s, ctx, **kw):

@@ -40,7 +40,6 @@ SWEEP_CONFIGS = (  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
     (64, 256, 4, 4), (64, 128, 4, 5), (64, 64, 4, 6), (64, 32, 4, 8),
     (32, 64, 4, 6), (16, 64, 4, 6), (16, 32, 4, 8),
 )
-L2_BYTES = 50 << 20
 
 
 def gpu_us(fn, target_ms: float = 3.0, replays: int = 15) -> float:
@@ -92,9 +91,16 @@ def paired_us(fn, rounds: int = 3) -> tuple[float, float]:
     return statistics.median(times["standard"]), statistics.median(times["invariant"])
 
 
+def l2_copies(nbytes: int, times: int = 3, most: int | None = 64) -> int:
+    """Copies of an nbytes input that together make `times` the L2 (capped at `most`):
+    cycling through them, each call reads its input from memory, not from the cache."""
+    want = math.ceil(times * torch.cuda.get_device_properties(0).L2_cache_size / nbytes)
+    return max(1, want if most is None else min(most, want))
+
+
 def rotating(make, nbytes: int):
-    """Enough copies of an input that cycling through them defeats the L2 cache."""
-    copies = [make() for _ in range(max(1, min(64, math.ceil(3 * L2_BYTES / nbytes))))]
+    """Cycles through l2_copies() copies of an input, one per call."""
+    copies = [make() for _ in range(l2_copies(nbytes))]
     state = {"i": 0}
 
     def next_copy():
