@@ -1,7 +1,8 @@
 """Sampling reductions on the GPU: invariant Triton kernels vs stock torch, in one run.
 
 For B in {1, 32, 256} at V = 152064 (Qwen2/3) and bf16 / fp32 logits it times
-log_softmax, logsumexp, argmax and the sampler (plain, top-k 50, top-p 0.9, both)
+log_softmax, logsumexp, argmax and the sampler (plain, top-k 50, top-p 0.9, both, and
+top-k 4000, past the candidate list's cap)
 against the torch equivalents (`kernels.mode("standard")`) on two clocks: eager
 calls with the L2 flushed (triton.testing.do_bench, median; host launch cost
 included) and GPU time from CUDA-graph replays (the kernels alone). Bandwidth
@@ -44,7 +45,9 @@ VOCAB = 152064
 BATCHES = (1, 32, 256)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 FILTERS = {"sample": (0, 1.0), "sample top-k 50": (50, 1.0), "sample top-p 0.9": (0, 0.9),
-           "sample top-k 50 + top-p 0.9": (50, 0.9)}
+           "sample top-k 50 + top-p 0.9": (50, 0.9),
+           # past the candidate list's cap (kernels/sampling_candidates.py): the radix select's path
+           "sample top-k 4000": (4000, 1.0)}
 
 
 def copy_gbps() -> float:
@@ -233,7 +236,7 @@ def hint_checks(before=None, batches: int = 24) -> dict:
         x = (torch.randn(16, VOCAB, generator=g) * 4).mul(2).round().div(2)  # ties on the boundaries
         args = random_params(g, 16)
         args[2] = args[2].clamp_min(0.3)
-        threshold, cut = sampling_triton.kept_bounds(x.cuda(), *args[2:]).cpu().unbind(-1)
+        threshold, cut, settled = sampling_triton.kept_bounds(x.cuda(), *args[2:]).cpu().unbind(-1)
     scaled = sampling.scale(x, args[2].cpu())
     bits = scaled.view(torch.int32)
     keys = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
@@ -241,7 +244,7 @@ def hint_checks(before=None, batches: int = 24) -> dict:
     exact = int((kept == sampling.keep_mask(scaled, args[3].cpu(), args[4].cpu())).all(dim=-1).sum())
     result = {"batches": batches, "hint_true_equals_no_hint": same_hint,
               "unfiltered_hint_false_and_true_equal_no_hint": same_unfiltered,
-              "kept_set_rows": 16, "kept_set_exact": exact}
+              "kept_set_rows": 16, "kept_set_exact": exact, "kept_set_rows_settled_by_candidates": int(settled.sum())}
     if before is not None:
         result.update(tokens_equal_before=same_before, unfiltered_tokens_equal_before=same_before_free,
                       tokens_drawn=drawn_before)
@@ -296,7 +299,9 @@ def markdown(meta: dict, rows: list[dict], inv: list[dict], cross: dict, checks:
               f"- same batches without top-k/top-p, filtered=False and =True equal to no hint: "
               f"{checks['unfiltered_hint_false_and_true_equal_no_hint']} / {checks['batches']}",
               f"- kept sets at V = {VOCAB} (fp32, ties) equal to the fp64 reference's exactly: "
-              f"{checks['kept_set_exact']} / {checks['kept_set_rows']} rows"]
+              f"{checks['kept_set_exact']} / {checks['kept_set_rows']} rows "
+              f"({checks['kept_set_rows_settled_by_candidates']} settled from the candidate list, the rest "
+              "by the radix select)"]
     if "tokens_drawn" in checks:
         lines.append(f"- tokens equal to the `--before` version's on those batches: "
                      f"{checks['tokens_equal_before']} / {checks['tokens_drawn']}; without top-k/top-p: "

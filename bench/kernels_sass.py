@@ -31,6 +31,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels import sampling_candidates as sc  # noqa: E402
 from kernels import sampling_filter as sf  # noqa: E402
 from kernels import sampling_triton as st  # noqa: E402
 
@@ -41,15 +42,26 @@ ARG_TYPES = {  # name -> Triton type, for every argument name the sampling kerne
     "step_ptr": "*i64", "temp_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "state_i_ptr": "*i32",
     "state_f_ptr": "*fp32", "part_ptr": "*i32", "count_ptr": "*i32", "mass_ptr": "*fp32", "bound_ptr": "*i32",
     "out_ptr": "*i64", "best_ptr": "*fp32", "where_ptr": "*i32", "m_ptr": "*fp32", "z_ptr": "*fp32",
+    "settled_ptr": "*i32", "hist_ptr": "*i32", "list_ptr": "*i64", "size_ptr": "*i32",
+    "last_ptr": "*i32", "fill_ptr": "*i32",
 }
 _BINS = 1 << sf._BITS
 _FILTER = {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS, "CP": 64, "PP": 32, "BINS": _BINS, "BITS": sf._BITS}
+_CANDIDATES = {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS, "CP": 64, "STEP": sc._STEP, "BUCKETS": sc._BUCKETS}
 # (name, kernel, constexprs, launch options), sizes as the wrappers pick them at V = 152064
 KERNELS = (
     ("sample pass 1", st._sample_partial_kernel, {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS},
      {"num_warps": st._WARPS, "enable_fp_fusion": False}),
     ("sample pick (filtered batch)", st._sample_pick_kernel, {"BLOCK": st._BLOCK, "CP": 64, "FILTERED": True},
      {"num_warps": st._WARPS, "enable_fp_fusion": False}),
+    ("top-k/top-p histogram", sc._histogram_kernel, {**_CANDIDATES, "SUB": sc._HISTOGRAM_TILE},
+     {"num_warps": sc._WARPS}),
+    ("top-k/top-p choose", sc._choose_kernel, {"CP": 64, "PP": 32, "STEP": sc._STEP, "BUCKETS": sc._BUCKETS,
+                                               "CAP": sc._CAP}, {"num_warps": sc._WARPS}),
+    ("top-k/top-p gather", sc._gather_kernel, {**_CANDIDATES, "CAP": sc._CAP, "SUB": sc._GATHER_TILE},
+     {"num_warps": sc._WARPS}),
+    ("top-k/top-p settle", sc._settle_kernel, {"CP": 64, "CAP": sc._CAP, "SMALL": sc._SMALL},
+     {"num_warps": sc._WARPS, "enable_fp_fusion": False}),
     ("top-k/top-p radix round", sf._round_kernel, {**_FILTER, "SUB": sf._SUB},
      {"num_warps": sf._WARPS, "enable_fp_fusion": False}),
     ("top-k/top-p kept partials", sf._kept_kernel, {**_FILTER, "ROUNDS": 32 // sf._BITS},

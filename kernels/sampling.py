@@ -21,9 +21,9 @@ Sampling semantics (all modes that filter agree on them):
     walked in token-id order, at one uniform u in [0, 1): the first kept id whose
     running mass exceeds u * total. u comes from Philox keyed by (seed, step)
     (kernels/philox.py), so it depends on nothing else. The reference sums in fp64;
-    the Triton kernel sums in fp32 over fixed-size chunks of V, so the two can pick
-    neighbouring tokens when u lies within rounding (~1e-6 of the total mass) of a
-    step of the CDF. If rounding leaves the target unreached, the last kept token
+    the Triton kernel sums in fp32 (over fixed-size chunks of V, or over a short kept
+    set in id order), so the two can pick neighbouring tokens when u lies within
+    rounding (~1e-6 of the total mass) of a step of the CDF. If rounding leaves the target unreached, the last kept token
     with mass is drawn; a row whose kept scores are all -inf draws token 0.
 """
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Top-k / top-p kept sets, spread over many programs per row: a radix select.
+"""Top-k / top-p kept sets, spread over many programs per row: a radix select, for the
+rows that kernels/sampling_candidates.py leaves unsettled (long kept sets, ties past
+its list, -inf tails); its programs return at once on the settled rows.
 
 A filtered row keeps {key > t} and the first ties at t in id order (the rule in
 kernels/sampling.py's docstring), where key is the order-preserving int32 image of
@@ -94,15 +96,15 @@ def _state(r, row, p, P, C, m_ptr, z_ptr, top_p, k_on, top_k, p_on, count_ptr, m
 
 
 @triton.jit(do_not_specialize=["r"])
-def _round_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, count_ptr, mass_ptr, state_i_ptr,
-                  state_f_ptr, part_ptr, r, V, C, P, B, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, SUB: tl.constexpr,
-                  CP: tl.constexpr, PP: tl.constexpr, BINS: tl.constexpr, BITS: tl.constexpr):
+def _round_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, settled_ptr, count_ptr, mass_ptr,
+                  state_i_ptr, state_f_ptr, part_ptr, r, V, C, P, B, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
+                  SUB: tl.constexpr, CP: tl.constexpr, PP: tl.constexpr, BINS: tl.constexpr, BITS: tl.constexpr):
     """Round r: bin one part's (CHUNKS chunks') tokens of the running set by their digit r
     (bits 31 - BITS*r down)."""
     p = tl.program_id(0)
     row = tl.program_id(1)
     greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
-    if k_on | p_on:
+    if (k_on | p_on) & (tl.load(settled_ptr + row) == 0):
         prefix, _, _, row_max, _, _, part_left = _state(
             r, row, p, P, C, m_ptr, z_ptr, top_p, k_on, top_k, p_on, count_ptr, mass_ptr, state_i_ptr, state_f_ptr,
             part_ptr, B, PP, CP, BINS, BITS)
@@ -137,15 +139,16 @@ def _round_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, c
 
 
 @triton.jit
-def _kept_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, where_ptr, bound_ptr, count_ptr,
-                 mass_ptr, state_i_ptr, state_f_ptr, part_ptr, V, C, P, B, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
-                 CP: tl.constexpr, PP: tl.constexpr, BINS: tl.constexpr, BITS: tl.constexpr, ROUNDS: tl.constexpr):
+def _kept_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, settled_ptr, where_ptr, bound_ptr,
+                 count_ptr, mass_ptr, state_i_ptr, state_f_ptr, part_ptr, V, C, P, B, BLOCK: tl.constexpr,
+                 CHUNKS: tl.constexpr, CP: tl.constexpr, PP: tl.constexpr, BINS: tl.constexpr, BITS: tl.constexpr,
+                 ROUNDS: tl.constexpr):
     """After the last round: t, how many ties at t are kept, and per chunk of part p the kept
     tokens' (max, mass) over pass 1's partials and the highest kept tie id (in where_ptr)."""
     p = tl.program_id(0)
     row = tl.program_id(1)
     greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
-    if k_on | p_on:
+    if (k_on | p_on) & (tl.load(settled_ptr + row) == 0):
         prefix, above_count, above_mass, row_max, needed, part_above, part_ties = _state(
             ROUNDS, row, p, P, C, m_ptr, z_ptr, top_p, k_on, top_k, p_on, count_ptr, mass_ptr, state_i_ptr,
             state_f_ptr, part_ptr, B, PP, CP, BINS, BITS)
@@ -192,8 +195,9 @@ def _kept_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, wh
             tl.store(bound_ptr + row * 2, threshold)
 
 
-def kept_partials(x: torch.Tensor, params, m, z, where, bound, block: int, per_program: int, chunks_p2: int) -> None:
-    """For the rows that filter: replace pass 1's chunk partials m, z by those of the kept set,
+def kept_partials(x: torch.Tensor, params, m, z, settled, where, bound, block: int, per_program: int,
+                  chunks_p2: int) -> None:
+    """For the rows that filter and are not `settled`: replace pass 1's chunk partials m, z by those of the kept set,
     store t in bound[:, 0] and each chunk's highest kept tie id in `where`. Other rows untouched.
     A program takes `per_program` chunks (a part), as pass 1 does."""
     batch, vocab = x.shape
@@ -212,7 +216,7 @@ def kept_partials(x: torch.Tensor, params, m, z, where, bound, block: int, per_p
     sub = min(_SUB, block)
     assert per_program * block // sub < 256, "a packed count's byte would overflow"
     for r in range(rounds):
-        _round_kernel[grid](x, x.stride(0), *params, m, z, count, mass, state_i, state_f, part, r, vocab, chunks,
-                            parts, batch, SUB=sub, **common)
-    _kept_kernel[grid](x, x.stride(0), *params, m, z, where, bound, count, mass, state_i, state_f, part, vocab,
+        _round_kernel[grid](x, x.stride(0), *params, m, z, settled, count, mass, state_i, state_f, part, r, vocab,
+                            chunks, parts, batch, SUB=sub, **common)
+    _kept_kernel[grid](x, x.stride(0), *params, m, z, settled, where, bound, count, mass, state_i, state_f, part, vocab,
                        chunks, parts, batch, ROUNDS=rounds, **common)

@@ -6,16 +6,19 @@ chunk's max and its sum of exp(s - max)) and the partials are merged in chunk
 order by later programs, so the order of every operation on a row is fixed by V
 and BLOCK alone (for the top-k / top-p filter, also by the chunks per program) —
 never by B, the row's position or the other rows. Nothing is shared between rows,
-and no sum is taken by atomics: the one atomic, a per-row count in the one-launch
-log_softmax, only says when a row's partials are all stored.
+and no sum is taken by atomics: the atomics are per-row counts, in the one-launch
+log_softmax to say when a row's partials are all stored, in sampling_candidates to hand
+out slots in a list that is sorted before it is summed.
 
 The sampler inverts each row's CDF at one uniform u: pass 1 writes the chunk
 partials, the pick (one program per row) finds the chunk where the running mass
 crosses u * total, then the token inside that chunk by a prefix sum over it. Only
 pass 1 reads the whole row, so an unfiltered batch samples at the speed of
-logsumexp plus one short launch. When a row has top-k / top-p, kernels/sampling_filter.py
-runs between the two (a radix select over many programs per row, 9 launches) and
-leaves the kept set's partials for the pick.
+logsumexp plus one short launch. When a row has top-k / top-p, kernels/sampling_candidates.py
+runs between the two: it finds the kept set from a short list of the row's top tokens and
+draws the token itself (3 launches). The rows it leaves unsettled go through
+kernels/sampling_filter.py (a radix select over many programs per row, 9 launches, which
+return at once on settled rows), and that leaves the kept set's partials for the pick.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import sampling_filter
+from kernels import sampling_candidates, sampling_filter
 from kernels.philox import row_uniform
 from kernels.sampling_rows import chunk_mass, kept, load_partials, merged_mass, row_params, scaled_chunk
 
@@ -262,14 +265,17 @@ def _sample_partial_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr,
 
 @triton.jit
 def _sample_pick_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, top_k_ptr, top_p_ptr, bound_ptr,
-                        m_ptr, z_ptr, where_ptr, out_ptr, V, C, BLOCK: tl.constexpr, CP: tl.constexpr,
+                        m_ptr, z_ptr, where_ptr, settled_ptr, out_ptr, V, C, BLOCK: tl.constexpr, CP: tl.constexpr,
                         FILTERED: tl.constexpr):
     """One program per row: the token, and the row's kept-set bounds (for tests). Greedy rows
     merge the argmax partials; sampled rows invert the CDF over the chunk partials, which for
     a top-k / top-p row sampling_filter has replaced by its kept set's (only when FILTERED:
-    otherwise no row filters)."""
+    otherwise no row filters). Rows sampling_candidates settled already have both."""
     row = tl.program_id(0)
     greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
+    if FILTERED:
+        if (k_on | p_on) & (tl.load(settled_ptr + row) != 0):
+            return
     base = x_ptr + row.to(tl.int64) * stride
     i = tl.arange(0, CP)
     threshold = tl.full([], -2147483648, tl.int32)
@@ -320,13 +326,16 @@ def _sample(x: torch.Tensor, seeds, steps, temperature, top_k, top_p, filtered: 
         enable_fp_fusion=False)
     out = torch.empty(batch, dtype=torch.int64, device=device)
     bound = torch.empty((batch, 2), dtype=torch.int32, device=device)
+    seeds = seeds.to(device=device, dtype=torch.int64).contiguous()
+    steps = steps.to(device=device, dtype=torch.int64).contiguous()
+    settled = None
     if filtered:
-        sampling_filter.kept_partials(x, params, m, z, where, bound, block, per_program, chunks_p2)
+        settled = sampling_candidates.settle(x, seeds, steps, params, m, z, out, bound, block, per_program, chunks_p2)
+        sampling_filter.kept_partials(x, params, m, z, settled, where, bound, block, per_program, chunks_p2)
     _sample_pick_kernel[(batch,)](
-        x, x.stride(0), seeds.to(device=device, dtype=torch.int64).contiguous(),
-        steps.to(device=device, dtype=torch.int64).contiguous(), *params, bound, m, z, where, out, vocab, chunks,
+        x, x.stride(0), seeds, steps, *params, bound, m, z, where, settled, out, vocab, chunks,
         BLOCK=block, CP=chunks_p2, FILTERED=filtered, num_warps=_WARPS, enable_fp_fusion=False)
-    return out, bound
+    return out, bound, settled
 
 
 def sample(logits, seeds, steps, temperature, top_k, top_p, filtered: bool) -> torch.Tensor:
@@ -336,9 +345,11 @@ def sample(logits, seeds, steps, temperature, top_k, top_p, filtered: bool) -> t
 
 
 def kept_bounds(logits, temperature, top_k, top_p) -> torch.Tensor:
-    """int32 [B, 2]: per row the boundary key and cut id that kept() tests (exposed for tests)."""
+    """int32 [B, 3]: per row the boundary key and cut id that kept() tests, and 1 where the
+    candidate list settled the row, 0 where the radix select did or no filter runs (for tests)."""
     zeros = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
-    return _sample(_rows(logits), zeros, zeros, temperature, top_k, top_p, True)[1]
+    _, bound, settled = _sample(_rows(logits), zeros, zeros, temperature, top_k, top_p, True)
+    return torch.cat([bound, settled.view(-1, 1)], dim=1)
 
 
 @triton.jit

@@ -10,19 +10,24 @@ vocabulary, V = 152064 (Qwen2/3), in bf16 and fp32.
 import pytest
 import torch
 
-from kernels import mode, philox, sampling, sampling_filter, sampling_triton
+from kernels import mode, philox, sampling, sampling_candidates, sampling_filter, sampling_triton
 
 QWEN_VOCAB = 152064
+SHIPPED_CAP = sampling_candidates._CAP
 
 
 @pytest.fixture(autouse=True)
 def small_splits(monkeypatch):
     """Under the interpreter, shrink the chunk size so that a small V still spans several chunks and
-    programs, and take the radix select's digits 8 bits at a time (4 rounds: half the launches)."""
+    programs, take the radix select's digits 8 bits at a time (4 rounds: half the launches), and
+    cap the candidate lists at 64 so that rows take both top-k / top-p paths and both sort widths."""
     if not torch.cuda.is_available():
         for name, value in {"_BLOCK": 128, "_CHUNKS": 2}.items():
             monkeypatch.setattr(sampling_triton, name, value)
         monkeypatch.setattr(sampling_filter, "_BITS", 8)
+        monkeypatch.setattr(sampling_candidates, "_CAP", 64)
+        monkeypatch.setattr(sampling_candidates, "_SMALL", 16)
+        monkeypatch.setattr(sampling_candidates, "_GATHER_TILE", 64)
 
 
 def _params(gen, n, device, greedy_every=5):
@@ -169,7 +174,7 @@ def test_sampler_inverts_the_kept_cdf(gen, device):
 
 
 def _assert_keeps_the_reference_set(x, temperature, top_k, top_p):
-    threshold, cut = sampling_triton.kept_bounds(x, temperature, top_k, top_p).cpu().unbind(-1)
+    threshold, cut, settled = sampling_triton.kept_bounds(x, temperature, top_k, top_p).cpu().unbind(-1)
     scaled = sampling.scale(x.cpu(), temperature.cpu())
     keys, ids = _order_keys(scaled), torch.arange(x.shape[1])
     kept = (keys > threshold.view(-1, 1)) | ((keys == threshold.view(-1, 1)) & (ids <= cut.view(-1, 1)))
@@ -177,21 +182,30 @@ def _assert_keeps_the_reference_set(x, temperature, top_k, top_p):
     sampled = temperature.cpu() > 0
     assert torch.equal(kept[sampled], want[sampled])
     assert (threshold[~sampled] == -2**31).all() and (cut[~sampled] == x.shape[1]).all()
-    return keys == threshold.view(-1, 1), kept, sampled
+    return keys == threshold.view(-1, 1), kept, sampled, settled.bool()
 
 
 def test_kernel_keeps_exactly_the_reference_set(gen, device):
     x = _tied_logits(gen, 24, 300, device)
     _, _, temperature, top_k, top_p = _params(gen, 24, device)
-    boundary, kept, sampled = _assert_keeps_the_reference_set(x, temperature, top_k, top_p)
+    # top-k reaching into a -inf tail: past what any candidate list holds, whatever its cap
+    x[1, 20:] = float("-inf")
+    top_k[1], top_p[1], temperature[1] = 250, 1.0, 1.0
+    boundary, kept, sampled, settled = _assert_keeps_the_reference_set(x, temperature, top_k, top_p)
+    filtering = sampling.row_filters(temperature, top_k, top_p, x.shape[1]).cpu()
     # the inputs do put ties on the boundary: some rows keep only part of them
-    assert (boundary & ~kept).any(dim=-1)[sampled & ((top_k.cpu() > 0) | (top_p.cpu() < 1))].any()
+    assert (boundary & ~kept).any(dim=-1)[filtering].any()
+    # and both paths ran: short candidate lists settle rows, the radix select takes the rest
+    assert settled[filtering].any() and not settled[filtering].all() and not settled[~filtering].any()
 
 
-def test_kept_set_edge_cases(device, monkeypatch):
+@pytest.mark.parametrize("cap", [SHIPPED_CAP, 16])
+def test_kept_set_edge_cases(device, monkeypatch, cap):
     """Every token tied, top_p 0 (one token), top-k at and past V, -inf tails, a row of one
-    finite token; at the shipped digit width, also under the interpreter."""
+    finite token; at the shipped digit width, also under the interpreter, with candidate lists
+    of the shipped length (most rows settle there) and of 16 (most go to the radix select)."""
     monkeypatch.setattr(sampling_filter, "_BITS", 4)
+    monkeypatch.setattr(sampling_candidates, "_CAP", cap)
     vocab = 300
     x = torch.zeros(6, vocab)
     x[1, 7::5] = 2.0
