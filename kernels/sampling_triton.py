@@ -34,8 +34,9 @@ from kernels.sampling_rows import chunk_mass, kept, load_partials, merged_mass, 
 # sampler's masses, the top-p masses that decide the kept set), so changing it
 # changes low bits and KERNEL_VERSION must move with it. _CHUNKS (chunks per
 # program; H100, V = 152064: 2 measured faster than 4 or 8) only shapes the launch,
-# except in sampling_filter, whose per-part top-p mass bins it groups. _WARPS only
-# shapes the launch.
+# except in sampling_filter, whose per-part top-p mass bins it groups. _WARPS moves
+# bits like _BLOCK: it sets how a chunk's tokens spread over threads, and with that
+# the tree of each chunk's sum.
 _BLOCK = 4096
 _CHUNKS = 2
 _WARPS = 8
