@@ -23,8 +23,9 @@ Sampling semantics (all modes that filter agree on them):
     (kernels/philox.py), so it depends on nothing else. The reference sums in fp64;
     the Triton kernel sums in fp32 (over fixed-size chunks of V, or over a short kept
     set in id order), so the two can pick neighbouring tokens when u lies within
-    rounding (~1e-6 of the total mass) of a step of the CDF. If rounding leaves the target unreached, the last kept token
-    with mass is drawn; a row whose kept scores are all -inf draws token 0.
+    rounding (~1e-6 of the total mass) of a step of the CDF. If rounding leaves the
+    target unreached, the last kept token with mass is drawn; a row whose kept scores
+    are all -inf draws token 0.
 """
 from __future__ import annotations
 

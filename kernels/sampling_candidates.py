@@ -157,6 +157,7 @@ def _walk(list_ptr, kept, ref, u, V, WIDTH: tl.constexpr):
     i = tl.arange(0, WIDTH)
     ranked = tl.load(list_ptr + i, mask=i < kept, other=_LAST)
     key = ~(ranked >> 32).to(tl.int32)
+    # The id is the low half of a ranked entry: shifting it up drops the key and makes it the sort key.
     by_id = tl.sort(tl.where(i < kept, (ranked << 32) | (key.to(tl.int64) & 0xFFFFFFFF), _LAST))
     ids = (by_id >> 32).to(tl.int32)
     w = tl.where(i < kept, tl.exp(from_order_key((by_id & 0xFFFFFFFF).to(tl.int32)) - ref), 0.0)
