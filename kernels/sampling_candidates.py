@@ -30,7 +30,8 @@ import triton
 import triton.language as tl
 
 from kernels.philox import row_uniform
-from kernels.sampling_rows import from_order_key, load_partials, merged_mass, order_key, row_params, scaled_chunk
+from kernels.sampling_rows import (crossing, from_order_key, load_partials, merged_mass, order_key, row_params,
+                                   scaled_chunk)
 
 # _STEP and _BUCKETS only choose which rows take this path (buckets of 1/8 of a unit of
 # scaled score, 16 units deep); _CAP and _SMALL fix the sort widths, and with them the
@@ -55,6 +56,18 @@ def _bucket(s, ref, STEP: tl.constexpr, BUCKETS: tl.constexpr):
     # -inf, nan and past-the-edge scores compare false and land in the last bucket.
     depth = (ref - s) * STEP
     return tl.where(depth < BUCKETS - 1, depth, BUCKETS - 1.0).to(tl.int32)
+
+
+@triton.jit
+def _entry(key, ids):
+    # A list entry: ~key in the high half, the id in the low. Ascending order of entries is
+    # rank order: score descending, then lowest id.
+    return ((~key).to(tl.int64) << 32) | ids.to(tl.int64)
+
+
+@triton.jit
+def _key_and_id(entry):
+    return ~(entry >> 32).to(tl.int32), (entry & 0xFFFFFFFF).to(tl.int32)
 
 
 @triton.jit
@@ -128,10 +141,10 @@ def _gather_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, 
             s, valid = scaled_chunk(base, ids, V, inverse)
             take = valid & (_bucket(s, ref, STEP, BUCKETS) <= last)
             # A slot per listed token (a short list: few atomics, where a scan of the tile cost
-            # more than its load). Rank order is ascending order of (~key, id).
+            # more than its load).
             at = tl.atomic_add(fill_ptr + row + tl.zeros([SUB], tl.int32), 1, mask=take)
             # (the counts bound the slots below the list's size <= CAP; the mask only guards memory)
-            tl.store(out + at, ((~order_key(s)).to(tl.int64) << 32) | ids.to(tl.int64), mask=take & (at < CAP))
+            tl.store(out + at, _entry(order_key(s), ids), mask=take & (at < CAP))
 
 
 @triton.jit
@@ -140,8 +153,7 @@ def _rank(list_ptr, size, ref, needed, top_k, k_on, p_on, WIDTH: tl.constexpr):
     count (past `size` if the list ends first) and the kept set's last key and id."""
     i = tl.arange(0, WIDTH)
     ranked = tl.sort(tl.load(list_ptr + i, mask=i < size, other=_LAST))
-    key = ~(ranked >> 32).to(tl.int32)
-    ids = (ranked & 0xFFFFFFFF).to(tl.int32)
+    key, ids = _key_and_id(ranked)
     e = tl.where(i < size, tl.exp(from_order_key(key) - ref), 0.0)
     # After rank i the set has i + 1 tokens and mass through i: the reference's test on rank i + 1.
     stops = (i < size) & (tl.where(k_on, i + 1 >= top_k, False) | tl.where(p_on, tl.cumsum(e, axis=0) >= needed, False))
@@ -155,17 +167,13 @@ def _walk(list_ptr, kept, ref, u, V, WIDTH: tl.constexpr):
     """The token drawn at u from the first `kept` <= WIDTH entries of a ranked list: their CDF
     walked in id order, as the pick walks an unfiltered row."""
     i = tl.arange(0, WIDTH)
-    ranked = tl.load(list_ptr + i, mask=i < kept, other=_LAST)
-    key = ~(ranked >> 32).to(tl.int32)
-    # The id is the low half of a ranked entry: shifting it up drops the key and makes it the sort key.
-    by_id = tl.sort(tl.where(i < kept, (ranked << 32) | (key.to(tl.int64) & 0xFFFFFFFF), _LAST))
+    key, ids = _key_and_id(tl.load(list_ptr + i, mask=i < kept, other=_LAST))
+    # The same two halves swapped: ascending order is id order.
+    by_id = tl.sort(tl.where(i < kept, (ids.to(tl.int64) << 32) | (key.to(tl.int64) & 0xFFFFFFFF), _LAST))
     ids = (by_id >> 32).to(tl.int32)
     w = tl.where(i < kept, tl.exp(from_order_key((by_id & 0xFFFFFFFF).to(tl.int32)) - ref), 0.0)
     running = tl.cumsum(w, axis=0)
-    target = u * tl.max(running, axis=0)
-    token = tl.min(tl.where((running > target) & (w > 0.0), ids, V), axis=0)
-    # If rounding leaves the target unreached, the last kept id with mass; 0 when none has any.
-    return tl.where(token == V, tl.maximum(tl.max(tl.where(w > 0.0, ids, -1), axis=0), 0), token)
+    return crossing(running, w, ids, u * tl.max(running, axis=0), V)
 
 
 @triton.jit

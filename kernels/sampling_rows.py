@@ -71,6 +71,14 @@ def scaled_chunk(base, ids, V, inverse):
 
 
 @triton.jit
+def crossing(running, mass, ids, target, V):
+    """The drawn id: the first whose running mass passes target; if rounding leaves the target
+    unreached, the last id with mass; 0 when none has any (every kept score -inf)."""
+    token = tl.min(tl.where((running > target) & (mass > 0.0), ids, V), axis=0)
+    return tl.where(token == V, tl.maximum(tl.max(tl.where(mass > 0.0, ids, -1), axis=0), 0), token)
+
+
+@triton.jit
 def kept(s, ids, valid, threshold, cut):
     """The kept set: keys above the boundary, and boundary ties up to the cut id."""
     key = order_key(s)

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from kernels import sampling_candidates, sampling_filter
 from kernels.philox import row_uniform
-from kernels.sampling_rows import chunk_mass, kept, load_partials, merged_mass, row_params, scaled_chunk
+from kernels.sampling_rows import chunk_mass, crossing, kept, load_partials, merged_mass, row_params, scaled_chunk
 
 # _BLOCK fixes the order of every floating-point sum (logsumexp, log_softmax, the
 # sampler's masses, the top-p masses that decide the kept set), so changing it
@@ -303,10 +303,7 @@ def _sample_pick_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, top_k_ptr, 
         ids = c * BLOCK + tl.arange(0, BLOCK)
         s, valid = scaled_chunk(base, ids, V, inverse)
         e = tl.where(kept(s, ids, valid, threshold, cut), tl.exp(s - ref), 0.0)
-        inside = before + tl.cumsum(e, axis=0)
-        token = tl.min(tl.where((inside > target) & (e > 0.0), ids, V), axis=0)
-        # Same fallback inside the chunk; 0 when nothing has mass (every kept score -inf).
-        token = tl.where(token == V, tl.maximum(tl.max(tl.where(e > 0.0, ids, -1), axis=0), 0), token)
+        token = crossing(before + tl.cumsum(e, axis=0), e, ids, target, V)
     tl.store(out_ptr + row, token.to(tl.int64))
     tl.store(bound_ptr + row * 2, threshold)
     tl.store(bound_ptr + row * 2 + 1, cut)
