@@ -2,7 +2,7 @@
 
 For B in {1, 32, 256} at V = 152064 (Qwen2/3) and bf16 / fp32 logits it times
 log_softmax, logsumexp, argmax and the sampler (plain, top-k 50, top-p 0.9, both, and
-top-k 4000, past the candidate list's cap)
+top-k 8000, past the candidate list's cap)
 against the torch equivalents (`kernels.mode("standard")`) on two clocks: eager
 calls with the L2 flushed (triton.testing.do_bench, median; host launch cost
 included) and GPU time from CUDA-graph replays (the kernels alone). Bandwidth
@@ -47,7 +47,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 FILTERS = {"sample": (0, 1.0), "sample top-k 50": (50, 1.0), "sample top-p 0.9": (0, 0.9),
            "sample top-k 50 + top-p 0.9": (50, 0.9),
            # past the candidate list's cap (kernels/sampling_candidates.py): the radix select's path
-           "sample top-k 4000": (4000, 1.0)}
+           "sample top-k 8000": (8000, 1.0)}
 
 
 def copy_gbps() -> float:

@@ -1,7 +1,7 @@
 """Where a filtered sampler call spends its GPU time, kernel by kernel.
 
 For bf16 logits at V = 152064 and B in {1, 256}, one row each of top-k 50, top-p 0.9 and
-top-k 4000 (past the candidate list's cap, so the radix select runs), it profiles 5 calls
+top-k 8000 (past the candidate list's cap, so the radix select runs), it profiles 5 calls
 of kernels.sample (invariant mode, filtered=True) with torch.profiler and prints each
 kernel's mean GPU time per call. Launch gaps are not counted: the bench's graph clock
 (bench/kernels_sampling.py) is the one to compare against torch.
@@ -23,7 +23,7 @@ from kernels import mode, sampling  # noqa: E402
 
 VOCAB = 152064
 CALLS = 5
-CASES = {"top-k 50": (50, 1.0), "top-p 0.9": (0, 0.9), "top-k 4000": (4000, 1.0)}
+CASES = {"top-k 50": (50, 1.0), "top-p 0.9": (0, 0.9), "top-k 8000": (8000, 1.0)}
 
 
 def per_kernel_us(batch: int, top_k: int, top_p: float) -> dict[str, float]:

@@ -43,10 +43,10 @@ ARG_TYPES = {  # name -> Triton type, for every argument name the sampling kerne
     "state_f_ptr": "*fp32", "part_ptr": "*i32", "count_ptr": "*i32", "mass_ptr": "*fp32", "bound_ptr": "*i32",
     "out_ptr": "*i64", "best_ptr": "*fp32", "where_ptr": "*i32", "m_ptr": "*fp32", "z_ptr": "*fp32",
     "settled_ptr": "*i32", "hist_ptr": "*i32", "list_ptr": "*i64", "size_ptr": "*i32",
-    "last_ptr": "*i32", "fill_ptr": "*i32",
+    "last_ptr": "*i32", "next_ptr": "*i32", "work_ptr": "*i32",
 }
 _BINS = 1 << sf._BITS
-_FILTER = {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS, "CP": 64, "PP": 32, "BINS": _BINS, "BITS": sf._BITS}
+_FILTER = {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS, "CP": 64, "PP": 32, "BINS": _BINS, "BITS": sf._BITS, "ROWS": 1}
 _CANDIDATES = {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS, "CP": 64, "STEP": sc._STEP, "BUCKETS": sc._BUCKETS}
 # (name, kernel, constexprs, launch options), sizes as the wrappers pick them at V = 152064
 KERNELS = (

@@ -15,7 +15,7 @@ from kernels.attention import paged_attention, store_kv
 from kernels.sampling import argmax, log_softmax, logsumexp, sample
 
 # Bump whenever a reduction order changes (e.g. matmul BLOCK_K): that changes output bits.
-KERNEL_VERSION = "5"
+KERNEL_VERSION = "6"
 
 __all__ = [
     "KERNEL_VERSION", "argmax", "get_mode", "log_softmax", "logsumexp", "matmul", "mode",

@@ -4,24 +4,25 @@ A kept set is a prefix of the rank order (score descending, ties by lowest id), 
 real rows keep few tokens. So:
   1. histogram: one program per part of a row (the chunks one pass-1 program takes)
      counts its tokens by how far below the row max their score lies, in buckets of
-     1 / _STEP; the last bucket takes the rest (and the padding past V). Integer
-     counts only: their order of summation does not matter.
+     1 / _STEP; the last bucket takes the rest (and the padding past V).
   2. choose: one program per row merges the counts and finds the first bucket by
      which the kept set has provably ended: top-k's count reached, top-p's mass
      reached (the buckets past it hold at most their counts times the exp of their
      near edges), or the whole row counted. The tokens up to it are a prefix of the rank
-     order with its ties whole: the row's list.
-  3. gather: one program per part writes its tokens of the list as (rank key, id), each
-     in a slot taken from a per-row atomic count. The slots' order varies from run to
-     run; the list's contents do not, and the settle sorts them before any sum.
-  4. settle: one program per row sorts the list, sums the masses down the ranks in
-     fp32 and keeps the shortest prefix meeting an active condition, the reference's
-     rule (kernels/sampling.py); then sorts the kept set by id and inverts its CDF at
-     the row's u, as the pick does for a row without filters.
-A row whose list would pass _CAP tokens, or whose list ends before the rank where the
-kept set does (masses the bound cannot see, -inf tails under top-k), stays unsettled
-and kernels/sampling_filter.py's radix select takes it. Which path a row takes, and
-the order of every float sum on it, depend on that row alone.
+     order with its ties whole: the row's list. Each part's count in it gives the part
+     its first slot.
+  3. gather: one program per part writes its listed tokens as (rank key, id), each in a
+     slot from the part's own counter, which the choose started at the part's first slot.
+  4. settle: one program per row finds the kept set and draws from it with integer sums
+     only: each listed token's mass exp(s - max) in fixed point, packed with a count of
+     one. A short list is sorted (by rank, then the kept set by id) and summed running;
+     a long one is searched by bisection (boundary key, cut among its ties, drawn id),
+     a step being one masked sum. Integer sums are exact in any order, so both give one
+     answer, and the list's order and width move no bit.
+A row whose list would pass _CAP tokens, or whose list ends before the kept set does
+(masses the bound cannot see, -inf tails under top-k), is left to
+kernels/sampling_filter.py's radix select, through a work list of such rows. Which
+path a row takes, and every sum on it, depend on that row alone.
 """
 from __future__ import annotations
 
@@ -30,24 +31,28 @@ import triton
 import triton.language as tl
 
 from kernels.philox import row_uniform
-from kernels.sampling_rows import (crossing, from_order_key, load_partials, merged_mass, order_key, row_params,
-                                   scaled_chunk)
+from kernels.sampling_rows import from_order_key, load_partials, merged_mass, order_key, row_params, scaled_chunk
 
-# _STEP and _BUCKETS only choose which rows take this path (buckets of 1/8 of a unit of
-# scaled score, 16 units deep); _CAP and _SMALL fix the sort widths, and with them the
-# order of the mass sums, so changing either moves KERNEL_VERSION. The tile sizes only
-# shape loops (H100, B = 256, bf16): the histogram bins a whole part (2 chunks of 4096)
-# at once, 104 us against 120 in 2048-token tiles, its loads all in flight together;
-# the gather, which holds more per token, takes 2048 (79 us; 169 with the whole part,
-# its registers leaving one program per SM).
-_STEP = 8
-_BUCKETS = 128
-_CAP = 2048
+# _STEP and _BUCKETS choose which rows take this path, and so (by rounding) which path's
+# sums settle a row: buckets of 1/2 of a unit of scaled score, 16 units deep. 32 bins cost
+# the histogram's ballots a third of 128's; the lists grow by under a bucket's tokens.
+# _CAP bounds a list (and the rows it settles); _FRACTION fixes the fixed point of the
+# settle's masses. Changing any of these moves KERNEL_VERSION. _SMALL and the tiles only
+# size registers and loops.
+_STEP = 2
+_BUCKETS = 32
+_CAP = 4096
 _SMALL = 256
 _HISTOGRAM_TILE = 8192
 _GATHER_TILE = 2048
 _WARPS = 8
 _LAST = tl.constexpr(2**63 - 1)
+# A listed token's settle term: 1 << _COUNT_AT plus its mass exp(s - max) <= 1 times 2**_FRACTION,
+# truncated. _CAP such terms sum below 2**63 with the masses below the count.
+_FRACTION = 36
+_SCALE = tl.constexpr(float(2**_FRACTION))
+_COUNT_AT = tl.constexpr(50)
+_MASS = tl.constexpr(2**50 - 1)
 
 
 @triton.jit
@@ -81,20 +86,24 @@ def _histogram_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_pt
         ref, _, _ = merged_mass(*load_partials(m_ptr + row * C, z_ptr + row * C, C, CP))
         base = x_ptr + row.to(tl.int64) * stride
         counts = tl.zeros([BUCKETS], tl.int32)
-        # (the padding past V scores -inf: last bucket, which no list reaches)
         first = p * CHUNKS * BLOCK
         for start in range(first, first + CHUNKS * BLOCK, SUB):
             bucket = _bucket(scaled_chunk(base, start + tl.arange(0, SUB), V, inverse)[0], ref, STEP, BUCKETS)
-            # A tile wholly in the last bucket changes no count that is ever read: skip its binning.
+            # Only the listable buckets are binned: most tokens lie in the last one, and
+            # binning them all into one counter is what a histogram is slowest at.
             if tl.min(bucket, axis=0) < BUCKETS - 1:
-                counts += tl.histogram(bucket, BUCKETS)
-        tl.store(hist_ptr + (row * P + p) * BUCKETS + tl.arange(0, BUCKETS), counts)
+                counts += tl.histogram(bucket, BUCKETS, mask=bucket < BUCKETS - 1)
+        # The last bucket: the part's other tokens, and its padding past V (scored -inf).
+        j = tl.arange(0, BUCKETS)
+        counts = tl.where(j == BUCKETS - 1, CHUNKS * BLOCK - tl.sum(counts, axis=0), counts)
+        tl.store(hist_ptr + (row * P + p) * BUCKETS + j, counts)
 
 
 @triton.jit
-def _choose_kernel(temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, hist_ptr, last_ptr, size_ptr, fill_ptr, V, C, P,
-                   CP: tl.constexpr, PP: tl.constexpr, STEP: tl.constexpr, BUCKETS: tl.constexpr, CAP: tl.constexpr):
-    """Per row: the last bucket of the list (-1: no list) and its size; the gather's slot count zeroed."""
+def _choose_kernel(temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, hist_ptr, last_ptr, size_ptr, next_ptr, work_ptr, V,
+                   C, P, CP: tl.constexpr, PP: tl.constexpr, STEP: tl.constexpr, BUCKETS: tl.constexpr,
+                   CAP: tl.constexpr):
+    """Per row: the last bucket of the list (-1: no list), its size and each part's first slot in it."""
     row = tl.program_id(0)
     greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
     last = tl.full([], -1, tl.int32)
@@ -118,14 +127,17 @@ def _choose_kernel(temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, hist_ptr, last_
         if (end < BUCKETS) & (listed <= CAP):
             last = end
             size = listed
+            in_part = tl.sum(tl.where(j[None, :] <= end, hist, 0), axis=1)
+            tl.store(next_ptr + row * P + parts, tl.cumsum(in_part, axis=0) - in_part, mask=parts < P)
     tl.store(last_ptr + row, last)
     tl.store(size_ptr + row, size)
-    tl.store(fill_ptr + row, 0)
+    if row == 0:
+        tl.store(work_ptr, 0)  # the settle counts the rows it leaves to the radix select from here
 
 
 @triton.jit
-def _gather_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, last_ptr, fill_ptr, list_ptr, V,
-                   C, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CP: tl.constexpr, SUB: tl.constexpr,
+def _gather_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, last_ptr, next_ptr, list_ptr, V, C, P,
+                   BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CP: tl.constexpr, SUB: tl.constexpr,
                    STEP: tl.constexpr, BUCKETS: tl.constexpr, CAP: tl.constexpr):
     p = tl.program_id(0)
     row = tl.program_id(1)
@@ -140,93 +152,171 @@ def _gather_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, 
             ids = start + tl.arange(0, SUB)
             s, valid = scaled_chunk(base, ids, V, inverse)
             take = valid & (_bucket(s, ref, STEP, BUCKETS) <= last)
-            # A slot per listed token (a short list: few atomics, where a scan of the tile cost
-            # more than its load).
-            at = tl.atomic_add(fill_ptr + row + tl.zeros([SUB], tl.int32), 1, mask=take)
-            # (the counts bound the slots below the list's size <= CAP; the mask only guards memory)
+            # A slot per listed token from the part's own counter, which starts at the part's
+            # first slot: no barrier per tile (a scan of each tile measured 15-25% slower).
+            at = tl.atomic_add(next_ptr + row * P + p + tl.zeros([SUB], tl.int32), 1, mask=take, sem="relaxed")
+            # (the counts keep slots below the list's size <= CAP; the mask only guards memory)
             tl.store(out + at, _entry(order_key(s), ids), mask=take & (at < CAP))
 
 
 @triton.jit
-def _rank(list_ptr, size, ref, needed, top_k, k_on, p_on, WIDTH: tl.constexpr):
-    """Sort a row's list of `size` <= WIDTH entries into rank order, in place. Returns the kept
-    count (past `size` if the list ends first) and the kept set's last key and id."""
-    i = tl.arange(0, WIDTH)
-    ranked = tl.sort(tl.load(list_ptr + i, mask=i < size, other=_LAST))
-    key, ids = _key_and_id(ranked)
-    e = tl.where(i < size, tl.exp(from_order_key(key) - ref), 0.0)
-    # After rank i the set has i + 1 tokens and mass through i: the reference's test on rank i + 1.
-    stops = (i < size) & (tl.where(k_on, i + 1 >= top_k, False) | tl.where(p_on, tl.cumsum(e, axis=0) >= needed, False))
-    kept = tl.min(tl.where(stops, i, WIDTH), axis=0) + 1
-    tl.store(list_ptr + i, ranked, mask=i < size)
-    return kept, tl.sum(tl.where(i == kept - 1, key, 0), axis=0), tl.sum(tl.where(i == kept - 1, ids, 0), axis=0)
+def _meets(packed, top_k, needed, k_on, p_on):
+    """Whether a set (its packed count and mass) meets an active condition, never when empty."""
+    count = packed >> _COUNT_AT
+    return (count >= 1) & (tl.where(k_on, count >= top_k, False) | tl.where(p_on, (packed & _MASS) >= needed, False))
 
 
 @triton.jit
-def _walk(list_ptr, kept, ref, u, V, WIDTH: tl.constexpr):
-    """The token drawn at u from the first `kept` <= WIDTH entries of a ranked list: their CDF
-    walked in id order, as the pick walks an unfiltered row."""
+def _terms(key, listed, ref):
+    """A token's settle term, int64: 1 << _COUNT_AT (it counts one) plus exp(s - ref) in fixed point."""
+    mass = (tl.where(listed, tl.exp(from_order_key(key) - ref), 0.0) * _SCALE).to(tl.int64)
+    return tl.where(listed, (tl.full(mass.shape, 1, tl.int64) << _COUNT_AT) + mass, 0), mass
+
+
+@triton.jit
+def _target(u, total):
+    # floor(u * total) exactly: u has 24 bits. Below total whenever total > 0.
+    scaled_u = (u * 16777216.0).to(tl.int64)
+    return scaled_u * (total >> 24) + ((scaled_u * (total & 0xFFFFFF)) >> 24)
+
+
+@triton.jit
+def _settle_sorted(entries, size, ref, needed, top_k, k_on, p_on, u, V, WIDTH: tl.constexpr):
+    """(settled, boundary key, cut id, token) from a short list: sorted into rank order, the
+    kept set is the shortest prefix whose running term meets a condition; sorted by id, the
+    token is the first whose running mass passes the target. Integer running sums: exact,
+    so the same answer as _settle_searched's."""
     i = tl.arange(0, WIDTH)
-    key, ids = _key_and_id(tl.load(list_ptr + i, mask=i < kept, other=_LAST))
-    # The same two halves swapped: ascending order is id order.
+    listed = i < size
+    ranked = tl.sort(tl.load(entries + i, mask=listed, other=_LAST))
+    key, ids = _key_and_id(ranked)
+    term, mass = _terms(key, listed, ref)
+    stops = listed & _meets(tl.cumsum(term, axis=0), top_k, needed, k_on, p_on)
+    kept = tl.min(tl.where(stops, i, WIDTH), axis=0) + 1
+    threshold = tl.sum(tl.where(i == kept - 1, key, 0), axis=0)
+    cut = tl.sum(tl.where(i == kept - 1, ids, 0), axis=0)
+    # The kept ranks again, in id order (the two halves of an entry swapped).
     by_id = tl.sort(tl.where(i < kept, (ids.to(tl.int64) << 32) | (key.to(tl.int64) & 0xFFFFFFFF), _LAST))
     ids = (by_id >> 32).to(tl.int32)
-    w = tl.where(i < kept, tl.exp(from_order_key((by_id & 0xFFFFFFFF).to(tl.int32)) - ref), 0.0)
-    running = tl.cumsum(w, axis=0)
-    return crossing(running, w, ids, u * tl.max(running, axis=0), V)
+    weight = _terms((by_id & 0xFFFFFFFF).to(tl.int32), i < kept, ref)[1]
+    running = tl.cumsum(weight, axis=0)
+    token = tl.min(tl.where((running > _target(u, tl.sum(weight, axis=0))) & (weight > 0), ids, V), axis=0)
+    return (kept <= size).to(tl.int32), threshold, cut, tl.where(token == V, 0, token)
+
+
+@triton.jit
+def _settle_searched(entries, size, ref, needed, top_k, k_on, p_on, u, V, WIDTH: tl.constexpr):
+    """As _settle_sorted, for a list too long to sort cheaply: the boundary key, the cut among
+    its ties and the token are each found by bisection, a step being one masked sum."""
+    i = tl.arange(0, WIDTH)
+    listed = i < size
+    key, ids = _key_and_id(tl.load(entries + i, mask=listed, other=_LAST))
+    term, mass = _terms(key, listed, ref)
+    settled = _meets(tl.sum(term, axis=0), top_k, needed, k_on, p_on).to(tl.int32)
+    threshold = tl.full([], 0, tl.int32)
+    cut = tl.full([], 0, tl.int32)
+    token = tl.full([], 0, tl.int32)
+    if settled:
+        # The boundary t: the highest key whose set {key >= t} meets a condition (lo does, hi not).
+        lo = tl.min(tl.where(listed, key, 2147483647), axis=0).to(tl.int64)
+        hi = tl.max(tl.where(listed, key, -2147483648), axis=0).to(tl.int64) + 1
+        while hi - lo > 1:
+            mid = lo + (hi - lo) // 2
+            if _meets(tl.sum(tl.where(key >= mid, term, 0), axis=0), top_k, needed, k_on, p_on):
+                lo = mid
+            else:
+                hi = mid
+        threshold = lo.to(tl.int32)
+        above = tl.sum(tl.where(key > threshold, term, 0), axis=0)
+        tie = listed & (key == threshold)
+        ties = tl.sum(tl.where(tie, term, 0), axis=0)
+        count = ties >> _COUNT_AT
+        each = (ties & _MASS) // count  # ties share a score, so a mass
+        # Ties are kept in id order while the set before them misses every condition.
+        short = tl.maximum(needed - (above & _MASS), 0)
+        by_p = tl.where(short == 0, 0, tl.where(each > 0, (short + each - 1) // tl.maximum(each, 1), count))
+        keep = tl.maximum(tl.minimum(tl.where(k_on, top_k - (above >> _COUNT_AT), count),
+                                     tl.where(p_on, by_p, count)), 1)
+        keep = tl.minimum(keep, count)
+        # The cut: the keep-th lowest id among the ties (lo has fewer, hi enough).
+        lo = tl.full([], -1, tl.int64)
+        hi = tl.max(tl.where(tie, ids, -1), axis=0).to(tl.int64)
+        while (hi - lo > 1) & (keep < count):
+            mid = lo + (hi - lo) // 2
+            if tl.sum((tie & (ids <= mid)).to(tl.int32), axis=0) >= keep:
+                hi = mid
+            else:
+                lo = mid
+        cut = hi.to(tl.int32)
+        # The token: the first kept id whose running mass passes the target (lo's is 0, hi's
+        # the total; a kept set without mass draws token 0).
+        weight = tl.where(listed & ((key > threshold) | (tie & (ids <= cut))), mass, 0)
+        target = _target(u, tl.sum(weight, axis=0))
+        lo = tl.full([], -1, tl.int64)
+        hi = tl.max(tl.where(weight > 0, ids, -1), axis=0).to(tl.int64)
+        while hi - lo > 1:
+            mid = lo + (hi - lo) // 2
+            if tl.sum(tl.where(ids <= mid, weight, 0), axis=0) > target:
+                hi = mid
+            else:
+                lo = mid
+        token = tl.maximum(hi, 0).to(tl.int32)
+    return settled, threshold, cut, token
 
 
 @triton.jit
 def _settle_kernel(seed_ptr, step_ptr, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, list_ptr, size_ptr, out_ptr,
-                   bound_ptr, settled_ptr, V, C, CP: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr):
+                   bound_ptr, settled_ptr, work_ptr, V, C, CP: tl.constexpr, CAP: tl.constexpr,
+                   SMALL: tl.constexpr):
     row = tl.program_id(0)
     greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
     settled = tl.full([], 0, tl.int32)
     size = tl.load(size_ptr + row)
     if (k_on | p_on) & (size >= 0):
         ref, _, total = merged_mass(*load_partials(m_ptr + row * C, z_ptr + row * C, C, CP))
+        # top_p * total as the radix select takes it, scaled to the fixed point exactly (a power of two)
+        needed = ((top_p * total) * _SCALE).to(tl.int64)
+        u = row_uniform(tl.load(seed_ptr + row), tl.load(step_ptr + row))
         entries = list_ptr + row.to(tl.int64) * CAP
-        # Each sort's width depends on the row alone (its list's size, its kept count).
+        # Sorting is the faster of the two on short lists; integer sums give both one answer.
         if size <= SMALL:
-            kept, threshold, cut = _rank(entries, size, ref, top_p * total, top_k, k_on, p_on, SMALL)
+            settled, threshold, cut, token = _settle_sorted(entries, size, ref, needed, top_k, k_on, p_on, u, V, SMALL)
         else:
-            kept, threshold, cut = _rank(entries, size, ref, top_p * total, top_k, k_on, p_on, CAP)
-        if kept <= size:
-            settled = tl.full([], 1, tl.int32)
-            tl.debug_barrier()  # the ranked list is stored before any thread reads it back
-            u = row_uniform(tl.load(seed_ptr + row), tl.load(step_ptr + row))
-            if kept <= SMALL:
-                token = _walk(entries, kept, ref, u, V, SMALL)
-            else:
-                token = _walk(entries, kept, ref, u, V, CAP)
+            settled, threshold, cut, token = _settle_searched(entries, size, ref, needed, top_k, k_on, p_on, u, V, CAP)
+        if settled:
             tl.store(out_ptr + row, token.to(tl.int64))
             tl.store(bound_ptr + row * 2, threshold)
             tl.store(bound_ptr + row * 2 + 1, cut)
     tl.store(settled_ptr + row, settled)
+    if (k_on | p_on) & (settled == 0):
+        # The radix select's work list: its programs loop over these rows alone.
+        tl.store(work_ptr + 1 + tl.atomic_add(work_ptr, 1, sem="relaxed"), row)
 
 
 def settle(x: torch.Tensor, seeds, steps, params, m, z, out, bound, block: int, per_program: int,
-           chunks_p2: int) -> torch.Tensor:
+           chunks_p2: int) -> tuple[torch.Tensor, torch.Tensor]:
     """For the rows that filter and fit a short list: the token in `out`, t and the cut in `bound`.
-    Returns int32 [B], 1 where a row was settled here (the others are left to the radix select)."""
+    Returns (settled, work): int32 [B], 1 where a row was settled here; int32 [1 + B], the
+    count of rows left to the radix select, then those rows (in no fixed order)."""
     batch, vocab = x.shape
     chunks = m.shape[1]
     parts = triton.cdiv(chunks, per_program)
     hist = torch.empty((batch, parts, _BUCKETS), dtype=torch.int32, device=x.device)
     last = torch.empty(batch, dtype=torch.int32, device=x.device)
     size = torch.empty_like(last)
-    fill = torch.empty_like(last)
+    next_slot = torch.empty((batch, parts), dtype=torch.int32, device=x.device)
     entries = torch.empty((batch, _CAP), dtype=torch.int64, device=x.device)
     settled = torch.empty_like(last)
+    work = torch.empty(1 + batch, dtype=torch.int32, device=x.device)
     shape = dict(BLOCK=block, CHUNKS=per_program, CP=chunks_p2, STEP=_STEP, BUCKETS=_BUCKETS, num_warps=_WARPS)
     _histogram_kernel[(parts, batch)](x, x.stride(0), *params, m, z, hist, vocab, chunks, parts,
                                       SUB=min(_HISTOGRAM_TILE, per_program * block), **shape)
-    _choose_kernel[(batch,)](*params, m, z, hist, last, size, fill, vocab, chunks, parts, CP=chunks_p2,
+    _choose_kernel[(batch,)](*params, m, z, hist, last, size, next_slot, work, vocab, chunks, parts, CP=chunks_p2,
                              PP=max(2, triton.next_power_of_2(parts)), STEP=_STEP, BUCKETS=_BUCKETS, CAP=_CAP,
                              num_warps=_WARPS)
-    _gather_kernel[(parts, batch)](x, x.stride(0), *params, m, z, last, fill, entries, vocab, chunks, CAP=_CAP,
-                                   SUB=min(_GATHER_TILE, per_program * block), **shape)
-    _settle_kernel[(batch,)](seeds, steps, *params, m, z, entries, size, out, bound, settled, vocab, chunks,
+    _gather_kernel[(parts, batch)](x, x.stride(0), *params, m, z, last, next_slot, entries, vocab, chunks, parts,
+                                   CAP=_CAP, SUB=min(_GATHER_TILE, per_program * block), **shape)
+    _settle_kernel[(batch,)](seeds, steps, *params, m, z, entries, size, out, bound, settled, work, vocab, chunks,
                              CP=chunks_p2, CAP=_CAP, SMALL=min(_SMALL, _CAP), num_warps=_WARPS,
                              enable_fp_fusion=False)
-    return settled
+    return settled, work

@@ -1,6 +1,7 @@
 """Top-k / top-p kept sets, spread over many programs per row: a radix select, for the
 rows that kernels/sampling_candidates.py leaves unsettled (long kept sets, ties past
-its list, -inf tails); its programs return at once on the settled rows.
+its list, -inf tails). Those rows come as a work list, a program taking up to _ROWS
+of them, so that a launch with nothing listed costs only its few programs.
 
 A filtered row keeps {key > t} and the first ties at t in id order (the rule in
 kernels/sampling.py's docstring), where key is the order-preserving int32 image of
@@ -38,6 +39,12 @@ _BITS = 4
 _SUB = 512
 _WARPS = 8
 _SIGN = tl.constexpr(-2147483648)
+# Work-list rows a launch's programs take at once (with their part); a program takes rows
+# w, w + that, ... (at most _ROWS, unrolled: a loop instead doubled the registers). A grid
+# that fills the GPU when every row is listed and costs little when none is (H100, B = 256:
+# 25 us for the 9 empty launches, 81 with a program per row). Only timing depends on them.
+_LISTED = 64
+_ROWS = 4
 
 
 @triton.jit
@@ -96,108 +103,114 @@ def _state(r, row, p, P, C, m_ptr, z_ptr, top_p, k_on, top_k, p_on, count_ptr, m
 
 
 @triton.jit(do_not_specialize=["r"])
-def _round_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, settled_ptr, count_ptr, mass_ptr,
+def _round_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, work_ptr, count_ptr, mass_ptr,
                   state_i_ptr, state_f_ptr, part_ptr, r, V, C, P, B, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
-                  SUB: tl.constexpr, CP: tl.constexpr, PP: tl.constexpr, BINS: tl.constexpr, BITS: tl.constexpr):
+                  SUB: tl.constexpr, CP: tl.constexpr, PP: tl.constexpr, BINS: tl.constexpr, BITS: tl.constexpr,
+                  ROWS: tl.constexpr):
     """Round r: bin one part's (CHUNKS chunks') tokens of the running set by their digit r
     (bits 31 - BITS*r down)."""
     p = tl.program_id(0)
-    row = tl.program_id(1)
-    greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
-    if (k_on | p_on) & (tl.load(settled_ptr + row) == 0):
-        prefix, _, _, row_max, _, _, part_left = _state(
-            r, row, p, P, C, m_ptr, z_ptr, top_p, k_on, top_k, p_on, count_ptr, mass_ptr, state_i_ptr, state_f_ptr,
-            part_ptr, B, PP, CP, BINS, BITS)
-        j = tl.arange(0, BINS)
-        q = tl.arange(0, BINS // 4)
-        # Counts packed four bins to an int32, a byte each (SUB-token steps per part < 256):
-        # a token adds 1 << 8 * (bin % 4) to word bin // 4. Masses in a one-hot [SUB, BINS]
-        # tile. Both summed over tokens per lane, across lanes once per part at the end.
-        packed = tl.full([SUB, BINS // 4], 0, tl.int32)
-        masses = tl.full([SUB, BINS], 0.0, tl.float32)
-        if part_left > 0:
-            shift = 32 - BITS * (r + 1)
-            # The digits chosen so far are the top BITS*r bits (none in round 0; the clamp only
-            # keeps that round's discarded shift in range).
-            high = tl.where(r == 0, 0, tl.full([], -1, tl.int32) << tl.minimum(shift + BITS, 31))
-            base = x_ptr + row.to(tl.int64) * stride
-            first = p * CHUNKS * BLOCK
-            for start in range(first, tl.minimum(first + CHUNKS * BLOCK, V), SUB):
-                s, valid = scaled_chunk(base, start + tl.arange(0, SUB)[:, None], V, inverse)
-                # Flipping the sign bit makes the keys' unsigned order their signed order.
-                key = order_key(s) ^ _SIGN
-                into = tl.where(valid & ((key & high) == prefix), BINS - 1 - ((key >> shift) & (BINS - 1)), BINS)
-                packed += tl.where((into >> 2) == q[None, :], tl.full([SUB, 1], 1, tl.int32) << ((into & 3) * 8), 0)
-                # Top-k alone needs only the counts; the exp and the sums are most of a round.
-                if p_on:
-                    masses += tl.where(into == j[None, :], tl.exp(s - row_max), 0.0)
-        byte = tl.arange(0, 4)
-        counts = tl.sum((packed[:, :, None] >> (byte[None, None, :] * 8)) & 255, axis=0)
-        at = ((r % 2) * B + row) * P * BINS + p * BINS + j
-        tl.store(count_ptr + at, tl.reshape(counts, [BINS]))
-        tl.store(mass_ptr + at, tl.sum(masses, axis=0))
+    for k in tl.static_range(ROWS):
+        w = tl.program_id(1) + k * tl.num_programs(1)
+        if w < tl.load(work_ptr):
+            row = tl.load(work_ptr + 1 + w)
+            greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
+            prefix, _, _, row_max, _, _, part_left = _state(
+                r, row, p, P, C, m_ptr, z_ptr, top_p, k_on, top_k, p_on, count_ptr, mass_ptr, state_i_ptr, state_f_ptr,
+                part_ptr, B, PP, CP, BINS, BITS)
+            j = tl.arange(0, BINS)
+            q = tl.arange(0, BINS // 4)
+            # Counts packed four bins to an int32, a byte each (SUB-token steps per part < 256):
+            # a token adds 1 << 8 * (bin % 4) to word bin // 4. Masses in a one-hot [SUB, BINS]
+            # tile. Both summed over tokens per lane, across lanes once per part at the end.
+            packed = tl.full([SUB, BINS // 4], 0, tl.int32)
+            masses = tl.full([SUB, BINS], 0.0, tl.float32)
+            if part_left > 0:
+                shift = 32 - BITS * (r + 1)
+                # The digits chosen so far are the top BITS*r bits (none in round 0; the clamp only
+                # keeps that round's discarded shift in range).
+                high = tl.where(r == 0, 0, tl.full([], -1, tl.int32) << tl.minimum(shift + BITS, 31))
+                base = x_ptr + row.to(tl.int64) * stride
+                first = p * CHUNKS * BLOCK
+                for start in range(first, tl.minimum(first + CHUNKS * BLOCK, V), SUB):
+                    s, valid = scaled_chunk(base, start + tl.arange(0, SUB)[:, None], V, inverse)
+                    # Flipping the sign bit makes the keys' unsigned order their signed order.
+                    key = order_key(s) ^ _SIGN
+                    into = tl.where(valid & ((key & high) == prefix), BINS - 1 - ((key >> shift) & (BINS - 1)), BINS)
+                    packed += tl.where((into >> 2) == q[None, :], tl.full([SUB, 1], 1, tl.int32) << ((into & 3) * 8), 0)
+                    # Top-k alone needs only the counts; the exp and the sums are most of a round.
+                    if p_on:
+                        masses += tl.where(into == j[None, :], tl.exp(s - row_max), 0.0)
+            byte = tl.arange(0, 4)
+            counts = tl.sum((packed[:, :, None] >> (byte[None, None, :] * 8)) & 255, axis=0)
+            at = ((r % 2) * B + row) * P * BINS + p * BINS + j
+            tl.store(count_ptr + at, tl.reshape(counts, [BINS]))
+            tl.store(mass_ptr + at, tl.sum(masses, axis=0))
 
 
 @triton.jit
-def _kept_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, settled_ptr, where_ptr, bound_ptr,
+def _kept_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, work_ptr, where_ptr, bound_ptr,
                  count_ptr, mass_ptr, state_i_ptr, state_f_ptr, part_ptr, V, C, P, B, BLOCK: tl.constexpr,
                  CHUNKS: tl.constexpr, CP: tl.constexpr, PP: tl.constexpr, BINS: tl.constexpr, BITS: tl.constexpr,
-                 ROUNDS: tl.constexpr):
+                 ROUNDS: tl.constexpr, ROWS: tl.constexpr):
     """After the last round: t, how many ties at t are kept, and per chunk of part p the kept
     tokens' (max, mass) over pass 1's partials and the highest kept tie id (in where_ptr)."""
     p = tl.program_id(0)
-    row = tl.program_id(1)
-    greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
-    if (k_on | p_on) & (tl.load(settled_ptr + row) == 0):
-        prefix, above_count, above_mass, row_max, needed, part_above, part_ties = _state(
-            ROUNDS, row, p, P, C, m_ptr, z_ptr, top_p, k_on, top_k, p_on, count_ptr, mass_ptr, state_i_ptr,
-            state_f_ptr, part_ptr, B, PP, CP, BINS, BITS)
-        threshold = prefix ^ _SIGN
-        # Tie rank r is kept while the set before it still misses every active condition.
-        # That test only grows with r, so the kept ties are ranks [0, keep): bisect for keep.
-        tie_weight = tl.exp(from_order_key(threshold) - row_max)
-        pick = (BINS - 1) - (prefix & (BINS - 1))
-        i = tl.arange(0, PP)
-        tie_counts = tl.load(count_ptr + ((((ROUNDS - 1) % 2) * B + row) * P + i) * BINS + pick, mask=i < P, other=0)
-        lo = tl.full([], 0, tl.int32)
-        hi = tl.sum(tie_counts, axis=0)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            prior = above_count + mid
-            full = (prior >= 1) & ((k_on & (prior >= top_k)) |
-                                   (p_on & (above_mass + mid.to(tl.float32) * tie_weight >= needed)))
-            if full:
-                hi = mid
-            else:
-                lo = mid + 1
-        keep = lo
-        seen = tl.sum(tl.where(i < p, tie_counts, 0), axis=0)
-        wanted = part_above + tl.minimum(tl.maximum(keep - seen, 0), part_ties)
-        base = x_ptr + row.to(tl.int64) * stride
-        for c in range(p * CHUNKS, tl.minimum(p * CHUNKS + CHUNKS, C)):
-            top = tl.full([], float("-inf"), tl.float32)
-            mass = tl.full([], 0.0, tl.float32)
-            cut = tl.full([], -1, tl.int32)
-            if wanted > 0:
-                ids = c * BLOCK + tl.arange(0, BLOCK)
-                s, valid = scaled_chunk(base, ids, V, inverse)
-                key = order_key(s)
-                tie = valid & (key == threshold)
-                rank = seen + tl.cumsum(tie.to(tl.int32), axis=0) - 1
-                seen += tl.sum(tie.to(tl.int32), axis=0)
-                kept_tie = tie & (rank < keep)
-                top, mass = chunk_mass(tl.where((valid & (key > threshold)) | kept_tie, s, float("-inf")))
-                cut = tl.max(tl.where(kept_tie, ids, -1), axis=0)
-            tl.store(m_ptr + row * C + c, top)
-            tl.store(z_ptr + row * C + c, mass)
-            tl.store(where_ptr + row * C + c, cut)
-        if p == 0:
-            tl.store(bound_ptr + row * 2, threshold)
+    for k in tl.static_range(ROWS):
+        w = tl.program_id(1) + k * tl.num_programs(1)
+        if w < tl.load(work_ptr):
+            row = tl.load(work_ptr + 1 + w)
+            greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
+            prefix, above_count, above_mass, row_max, needed, part_above, part_ties = _state(
+                ROUNDS, row, p, P, C, m_ptr, z_ptr, top_p, k_on, top_k, p_on, count_ptr, mass_ptr, state_i_ptr,
+                state_f_ptr, part_ptr, B, PP, CP, BINS, BITS)
+            threshold = prefix ^ _SIGN
+            # Tie rank r is kept while the set before it still misses every active condition.
+            # That test only grows with r, so the kept ties are ranks [0, keep): bisect for keep.
+            tie_weight = tl.exp(from_order_key(threshold) - row_max)
+            pick = (BINS - 1) - (prefix & (BINS - 1))
+            i = tl.arange(0, PP)
+            tie_counts = tl.load(count_ptr + ((((ROUNDS - 1) % 2) * B + row) * P + i) * BINS + pick, mask=i < P,
+                                 other=0)
+            lo = tl.full([], 0, tl.int32)
+            hi = tl.sum(tie_counts, axis=0)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                prior = above_count + mid
+                full = (prior >= 1) & ((k_on & (prior >= top_k)) |
+                                       (p_on & (above_mass + mid.to(tl.float32) * tie_weight >= needed)))
+                if full:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            keep = lo
+            seen = tl.sum(tl.where(i < p, tie_counts, 0), axis=0)
+            wanted = part_above + tl.minimum(tl.maximum(keep - seen, 0), part_ties)
+            base = x_ptr + row.to(tl.int64) * stride
+            for c in range(p * CHUNKS, tl.minimum(p * CHUNKS + CHUNKS, C)):
+                top = tl.full([], float("-inf"), tl.float32)
+                mass = tl.full([], 0.0, tl.float32)
+                cut = tl.full([], -1, tl.int32)
+                if wanted > 0:
+                    ids = c * BLOCK + tl.arange(0, BLOCK)
+                    s, valid = scaled_chunk(base, ids, V, inverse)
+                    key = order_key(s)
+                    tie = valid & (key == threshold)
+                    rank = seen + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+                    seen += tl.sum(tie.to(tl.int32), axis=0)
+                    kept_tie = tie & (rank < keep)
+                    top, mass = chunk_mass(tl.where((valid & (key > threshold)) | kept_tie, s, float("-inf")))
+                    cut = tl.max(tl.where(kept_tie, ids, -1), axis=0)
+                tl.store(m_ptr + row * C + c, top)
+                tl.store(z_ptr + row * C + c, mass)
+                tl.store(where_ptr + row * C + c, cut)
+            if p == 0:
+                tl.store(bound_ptr + row * 2, threshold)
 
 
-def kept_partials(x: torch.Tensor, params, m, z, settled, where, bound, block: int, per_program: int,
+def kept_partials(x: torch.Tensor, params, m, z, work, where, bound, block: int, per_program: int,
                   chunks_p2: int) -> None:
-    """For the rows that filter and are not `settled`: replace pass 1's chunk partials m, z by those of the kept set,
+    """For the rows in `work` (a count, then row ids): replace pass 1's chunk partials m, z by those of the kept set,
     store t in bound[:, 0] and each chunk's highest kept tie id in `where`. Other rows untouched.
     A program takes `per_program` chunks (a part), as pass 1 does."""
     batch, vocab = x.shape
@@ -209,14 +222,15 @@ def kept_partials(x: torch.Tensor, params, m, z, settled, where, bound, block: i
     state_i = torch.empty((2, batch, 2), dtype=torch.int32, device=x.device)
     state_f = torch.empty((batch, 4), dtype=torch.float32, device=x.device)
     part = torch.empty((batch, parts), dtype=torch.int32, device=x.device)
-    grid = (parts, batch)
+    rows = min(triton.cdiv(batch, _LISTED), _ROWS)
+    grid = (parts, triton.cdiv(batch, rows))
     common = dict(BLOCK=block, CHUNKS=per_program, CP=chunks_p2, PP=max(2, triton.next_power_of_2(parts)), BINS=bins,
-                  BITS=_BITS, num_warps=_WARPS, enable_fp_fusion=False)
+                  BITS=_BITS, ROWS=rows, num_warps=_WARPS, enable_fp_fusion=False)
     rounds = 32 // _BITS
     sub = min(_SUB, block)
     assert per_program * block // sub < 256, "a packed count's byte would overflow"
     for r in range(rounds):
-        _round_kernel[grid](x, x.stride(0), *params, m, z, settled, count, mass, state_i, state_f, part, r, vocab,
+        _round_kernel[grid](x, x.stride(0), *params, m, z, work, count, mass, state_i, state_f, part, r, vocab,
                             chunks, parts, batch, SUB=sub, **common)
-    _kept_kernel[grid](x, x.stride(0), *params, m, z, settled, where, bound, count, mass, state_i, state_f, part, vocab,
+    _kept_kernel[grid](x, x.stride(0), *params, m, z, work, where, bound, count, mass, state_i, state_f, part, vocab,
                        chunks, parts, batch, ROUNDS=rounds, **common)

@@ -17,8 +17,8 @@ pass 1 reads the whole row, so an unfiltered batch samples at the speed of
 logsumexp plus one short launch. When a row has top-k / top-p, kernels/sampling_candidates.py
 runs between the two: it finds the kept set from a short list of the row's top tokens and
 draws the token itself (4 launches). The rows it leaves unsettled go through
-kernels/sampling_filter.py (a radix select over many programs per row, 9 launches, which
-return at once on settled rows), and that leaves the kept set's partials for the pick.
+kernels/sampling_filter.py (a radix select over many programs per row, 9 launches over a
+work list of those rows), and that leaves the kept set's partials for the pick.
 """
 from __future__ import annotations
 
@@ -328,8 +328,9 @@ def _sample(x: torch.Tensor, seeds, steps, temperature, top_k, top_p, filtered: 
     steps = steps.to(device=device, dtype=torch.int64).contiguous()
     settled = None
     if filtered:
-        settled = sampling_candidates.settle(x, seeds, steps, params, m, z, out, bound, block, per_program, chunks_p2)
-        sampling_filter.kept_partials(x, params, m, z, settled, where, bound, block, per_program, chunks_p2)
+        settled, work = sampling_candidates.settle(x, seeds, steps, params, m, z, out, bound, block, per_program,
+                                                   chunks_p2)
+        sampling_filter.kept_partials(x, params, m, z, work, where, bound, block, per_program, chunks_p2)
     _sample_pick_kernel[(batch,)](
         x, x.stride(0), seeds, steps, *params, bound, m, z, where, settled, out, vocab, chunks,
         BLOCK=block, CP=chunks_p2, FILTERED=filtered, num_warps=_WARPS, enable_fp_fusion=False)

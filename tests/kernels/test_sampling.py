@@ -19,12 +19,15 @@ SHIPPED_CAP = sampling_candidates._CAP
 @pytest.fixture(autouse=True)
 def small_splits(monkeypatch):
     """Under the interpreter, shrink the chunk size so that a small V still spans several chunks and
-    programs, take the radix select's digits 8 bits at a time (4 rounds: half the launches), and
-    cap the candidate lists at 64 so that rows take both top-k / top-p paths and both sort widths."""
+    programs, take the radix select's digits 8 bits at a time (4 rounds: half the launches) with
+    programs that each loop over several listed rows, and cap the candidate lists at 64 so that
+    rows take both top-k / top-p paths and both settles."""
     if not torch.cuda.is_available():
         for name, value in {"_BLOCK": 128, "_CHUNKS": 2}.items():
             monkeypatch.setattr(sampling_triton, name, value)
         monkeypatch.setattr(sampling_filter, "_BITS", 8)
+        monkeypatch.setattr(sampling_filter, "_LISTED", 5)
+        monkeypatch.setattr(sampling_filter, "_ROWS", 3)
         monkeypatch.setattr(sampling_candidates, "_CAP", 64)
         monkeypatch.setattr(sampling_candidates, "_SMALL", 16)
         monkeypatch.setattr(sampling_candidates, "_GATHER_TILE", 64)
@@ -217,6 +220,22 @@ def test_kept_set_edge_cases(device, monkeypatch, cap):
     top_k = torch.tensor([150, 0, 60, 299, 5, 300], dtype=torch.int32)
     top_p = torch.tensor([1.0, 0.0, 0.5, 0.999, 0.3, 0.9])
     _assert_keeps_the_reference_set(x.to(device), temperature.to(device), top_k.to(device), top_p.to(device))
+
+
+def test_sorted_and_searched_settles_agree(gen, device, monkeypatch):
+    """Short lists are settled by sorting, long ones by search; both sum integers, so every
+    list gives one answer whichever way it goes."""
+    x = _tied_logits(gen, 16, 300, device)
+    args = _params(gen, 16, device, greedy_every=16)
+    args[3][::4] = 0  # some top-p lists run long
+    runs = []
+    cap = min(sampling_candidates._CAP, 256)  # (a sort as wide as the shipped cap takes minutes to compile)
+    monkeypatch.setattr(sampling_candidates, "_CAP", cap)
+    for small in (cap, 2):  # every list sorted, then (nearly) every one searched
+        monkeypatch.setattr(sampling_candidates, "_SMALL", small)
+        runs.append((sampling_triton.kept_bounds(x, *args[2:]), sampling.sample(x, *args, filtered=True)))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    assert runs[0][0][:, 2].sum() >= 8  # most rows were settled by the list
 
 
 def test_keep_mask_semantics_are_the_documented_prefix():
