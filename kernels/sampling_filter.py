@@ -102,6 +102,14 @@ def _state(r, row, p, P, C, m_ptr, z_ptr, top_p, k_on, top_k, p_on, count_ptr, m
     return prefix, above_count, above_mass, row_max, needed, part_above, part_left
 
 
+@triton.jit
+def _work_row(work_ptr, k):
+    """This program's k-th row of the work list (a count, then row ids): (whether it exists, the row)."""
+    w = tl.program_id(1) + k * tl.num_programs(1)
+    listed = w < tl.load(work_ptr)
+    return listed, tl.load(work_ptr + 1 + w, mask=listed, other=0)
+
+
 @triton.jit(do_not_specialize=["r"])
 def _round_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, work_ptr, count_ptr, mass_ptr,
                   state_i_ptr, state_f_ptr, part_ptr, r, V, C, P, B, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
@@ -111,9 +119,8 @@ def _round_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, w
     (bits 31 - BITS*r down)."""
     p = tl.program_id(0)
     for k in tl.static_range(ROWS):
-        w = tl.program_id(1) + k * tl.num_programs(1)
-        if w < tl.load(work_ptr):
-            row = tl.load(work_ptr + 1 + w)
+        listed, row = _work_row(work_ptr, k)
+        if listed:
             greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
             prefix, _, _, row_max, _, _, part_left = _state(
                 r, row, p, P, C, m_ptr, z_ptr, top_p, k_on, top_k, p_on, count_ptr, mass_ptr, state_i_ptr, state_f_ptr,
@@ -157,9 +164,8 @@ def _kept_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, wo
     tokens' (max, mass) over pass 1's partials and the highest kept tie id (in where_ptr)."""
     p = tl.program_id(0)
     for k in tl.static_range(ROWS):
-        w = tl.program_id(1) + k * tl.num_programs(1)
-        if w < tl.load(work_ptr):
-            row = tl.load(work_ptr + 1 + w)
+        listed, row = _work_row(work_ptr, k)
+        if listed:
             greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
             prefix, above_count, above_mass, row_max, needed, part_above, part_ties = _state(
                 ROUNDS, row, p, P, C, m_ptr, z_ptr, top_p, k_on, top_k, p_on, count_ptr, mass_ptr, state_i_ptr,
