@@ -89,8 +89,9 @@ def _histogram_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_pt
         first = p * CHUNKS * BLOCK
         for start in range(first, first + CHUNKS * BLOCK, SUB):
             bucket = _bucket(scaled_chunk(base, start + tl.arange(0, SUB), V, inverse)[0], ref, STEP, BUCKETS)
-            # Only the listable buckets are binned: most tokens lie in the last one, and
-            # binning them all into one counter is what a histogram is slowest at.
+            # Only the listable buckets are binned; the last is the part's remainder. Where the
+            # histogram is shared-memory atomics (Triton 3.9) most tokens would hit its one
+            # counter; where it is ballots (3.6, measured) its cost grows with the bins instead.
             if tl.min(bucket, axis=0) < BUCKETS - 1:
                 counts += tl.histogram(bucket, BUCKETS, mask=bucket < BUCKETS - 1)
         # The last bucket: the part's other tokens, and its padding past V (scored -inf).
