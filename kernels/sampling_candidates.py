@@ -191,7 +191,7 @@ def _settle_sorted(entries, size, ref, needed, top_k, k_on, p_on, u, V, WIDTH: t
     listed = i < size
     ranked = tl.sort(tl.load(entries + i, mask=listed, other=_LAST))
     key, ids = _key_and_id(ranked)
-    term, mass = _terms(key, listed, ref)
+    term = _terms(key, listed, ref)[0]
     stops = listed & _meets(tl.cumsum(term, axis=0), top_k, needed, k_on, p_on)
     kept = tl.min(tl.where(stops, i, WIDTH), axis=0) + 1
     threshold = tl.sum(tl.where(i == kept - 1, key, 0), axis=0)
@@ -290,7 +290,7 @@ def _settle_kernel(seed_ptr, step_ptr, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_
             tl.store(bound_ptr + row * 2 + 1, cut)
     tl.store(settled_ptr + row, settled)
     if (k_on | p_on) & (settled == 0):
-        # The radix select's work list: its programs loop over these rows alone.
+        # The radix select's work list: its launches take these rows alone.
         tl.store(work_ptr + 1 + tl.atomic_add(work_ptr, 1, sem="relaxed"), row)
 
 

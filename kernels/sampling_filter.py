@@ -42,7 +42,8 @@ _SIGN = tl.constexpr(-2147483648)
 # Work-list rows a launch's programs take at once (with their part); a program takes rows
 # w, w + that, ... (at most _ROWS, unrolled: a loop instead doubled the registers). A grid
 # that fills the GPU when every row is listed and costs little when none is (H100, B = 256:
-# 25 us for the 9 empty launches, 81 with a program per row). Only timing depends on them.
+# 25 us for the 9 empty launches, 81 when every (row, part) had a program that checked its
+# row's flag). Only timing depends on them.
 _LISTED = 64
 _ROWS = 4
 
