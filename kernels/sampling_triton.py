@@ -6,9 +6,10 @@ chunk's max and its sum of exp(s - max)) and the partials are merged in chunk
 order by later programs, so the order of every operation on a row is fixed by V
 and BLOCK alone (for the top-k / top-p filter, also by the chunks per program) —
 never by B, the row's position or the other rows. Nothing is shared between rows,
-and no sum is taken by atomics: the atomics are per-row counts, in the one-launch
-log_softmax to say when a row's partials are all stored, in sampling_candidates to hand
-out slots in a list that is sorted before it is summed.
+and no sum is taken by atomics: the atomics are counts, in the one-launch log_softmax
+to say when a row's partials are all stored, in sampling_candidates to hand out slots in
+a row's list (whose sums are exact in any order) and to append the rows it leaves to the
+radix select's work list (whose order moves no bit).
 
 The sampler inverts each row's CDF at one uniform u: pass 1 writes the chunk
 partials, the pick (one program per row) finds the chunk where the running mass
