@@ -105,6 +105,14 @@ def _seq_of(cu_ptr, idx, S, n_iter):
 
 
 @triton.jit
+def _rows(r, first, q_first, q_len, kv_head, G: tl.constexpr):
+    """(absolute position, token in the sequence, head, real?) of tile rows r; the tile's first position is `first`."""
+    pos = first + r // G
+    tok = pos - q_first
+    return pos, tok, kv_head * G + r % G, (tok >= 0) & (tok < q_len)
+
+
+@triton.jit
 def _split_of(tile, BAND: tl.constexpr, CHUNK: tl.constexpr, WIDE_FROM: tl.constexpr, WIDE: tl.constexpr):
     """Index of the split holding KV tile `tile` (a vector or a scalar)."""
     return tl.where(tile < BAND, tile,
@@ -133,26 +141,54 @@ def _fold(M, L, O, m, l, acc):
 
 
 @triton.jit
-def _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp, stride_vb, stride_vp,
+def _take_owned(a, a_own, b, b_own):
+    return tl.where(a_own, a, b), a_own | b_own
+
+
+@triton.jit
+def _pair_rows(x, own):
+    """[BLOCK_M, W] -> [BLOCK_M // 2, W]: of rows r and r + 8 of each 16-row group, the one where
+    `own` holds (either where neither does). A select, exact for every value.
+
+    A decode program's real rows are G <= 8 consecutive ones, aligned to G, so never both
+    rows of a pair; and in the wgmma accumulator each thread holds exactly such a pair, so
+    this costs a register select and halves the per-row work after the tile loop (divisions,
+    stores)."""
+    M: tl.constexpr = x.shape[0]
+    W: tl.constexpr = x.shape[1]
+    x4 = tl.reshape(x, [M // 16, 2, 8, W])
+    own4 = tl.broadcast_to(tl.reshape(own, [M // 16, 2, 8, 1]), x4.shape)
+    picked, _ = tl.reduce((x4, own4), 1, _take_owned)
+    return tl.reshape(picked, [M // 2, W])
+
+
+@triton.jit
+def _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp,
              PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
     """Positions, K and V of one tile. MASKED: it may reach past the sequence's end (read as 0)."""
     n = n0 + tl.arange(0, BLOCK_N)
     n_ok = n < kv_len
     page = tl.load(bt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-    offs = page[:, None] * stride_kb + (n % PAGE)[:, None] * stride_kp + d[None, :]
-    v_offs = page[:, None] * stride_vb + (n % PAGE)[:, None] * stride_vp + d[None, :]
+    offs = page[:, None] * stride_kb + (n % PAGE)[:, None] * stride_kp + d[None, :]  # V's too: same strides
     mask = (n_ok[:, None] & d_ok[None, :]) if MASKED else d_ok[None, :]
-    return n, tl.load(k_head + offs, mask=mask, other=0.0), tl.load(v_head + v_offs, mask=mask, other=0.0)
+    return n, tl.load(k_head + offs, mask=mask, other=0.0), tl.load(v_head + offs, mask=mask, other=0.0)
 
 
 @triton.jit
 def _scores(q, k, n, pos, scale_log2, MASKED: tl.constexpr):
-    """(raw q.k, base-2 scores with positions past a row's own at -inf)."""
+    """(raw q.k, each row's max base-2 score; positions past a row's own are -inf).
+
+    The max is taken before the scaling: rounding x * scale is monotone in x for a
+    scale > 0, so this is the max of the scaled scores, bit for bit (but perhaps the sign
+    of a zero, which no later step tells apart), at one multiply per row instead of one
+    per score. The multiply is an fma with a zero addend because a plain one would be
+    contracted into the subtraction that follows it in one caller and not in another."""
     raw = tl.dot(q, tl.trans(k))
-    s = raw * scale_log2
     if MASKED:
-        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
-    return raw, s
+        top = tl.max(tl.where(n[None, :] <= pos[:, None], raw, float("-inf")), 1)
+    else:
+        top = tl.max(raw, 1)
+    return raw, tl.fma(top, scale_log2, 0.0)
 
 
 @triton.jit
@@ -166,13 +202,13 @@ def _weights(raw, n, pos, scale_log2, ref, MASKED: tl.constexpr):
 
 @triton.jit
 def _online(m, l, acc, q, k_head, v_head, bt, n0, kv_len, pos, d, d_ok, scale_log2,
-            stride_kb, stride_kp, stride_vb, stride_vp,
+            stride_kb, stride_kp,
             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
     """One tile into a chunk split's running (max, sum, output): the online softmax step."""
-    n, k, v = _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp, stride_vb, stride_vp,
+    n, k, v = _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp,
                        PAGE, BLOCK_N, MASKED)
-    raw, s = _scores(q, k, n, pos, scale_log2, MASKED)
-    m_new = tl.maximum(m, tl.max(s, 1))
+    raw, top = _scores(q, k, n, pos, scale_log2, MASKED)
+    m_new = tl.maximum(m, top)
     ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m - ref)
     p = _weights(raw, n, pos, scale_log2, ref, MASKED)
@@ -181,7 +217,7 @@ def _online(m, l, acc, q, k_head, v_head, bt, n0, kv_len, pos, d, d_ok, scale_lo
 
 @triton.jit
 def _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos, d, d_ok, scale_log2,
-           stride_kb, stride_kp, stride_vb, stride_vp,
+           stride_kb, stride_kp,
            PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """Partial of the split made of tiles [t0, t1): unmasked tiles before diag, then masked ones."""
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -189,56 +225,61 @@ def _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos, d, d_ok, scale_log2
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for t in range(t0, tl.minimum(t1, diag)):
         m, l, acc = _online(m, l, acc, q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
-                            stride_kb, stride_kp, stride_vb, stride_vp, PAGE, BLOCK_N, False)
+                            stride_kb, stride_kp, PAGE, BLOCK_N, False)
     for t in range(tl.maximum(t0, diag), t1):
         m, l, acc = _online(m, l, acc, q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
-                            stride_kb, stride_kp, stride_vb, stride_vp, PAGE, BLOCK_N, True)
+                            stride_kb, stride_kp, PAGE, BLOCK_N, True)
     return m, l, acc
 
 
 @triton.jit
 def _tile_split(q, k_head, v_head, bt, n0, kv_len, pos, d, d_ok, scale_log2,
-                stride_kb, stride_kp, stride_vb, stride_vp,
+                stride_kb, stride_kp,
                 PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
     """Partial of a one-tile split, against the tile's own max: no state from any other tile."""
-    n, k, v = _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp, stride_vb, stride_vp,
+    n, k, v = _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp,
                        PAGE, BLOCK_N, MASKED)
-    raw, s = _scores(q, k, n, pos, scale_log2, MASKED)
-    m = tl.max(s, 1)
+    raw, m = _scores(q, k, n, pos, scale_log2, MASKED)
     p = _weights(raw, n, pos, scale_log2, tl.where(m == float("-inf"), 0.0, m), MASKED)
     return m, tl.sum(p, 1), tl.dot(p.to(v.dtype), v)
 
 
 @triton.jit
-def _store_partial(part_o_ptr, part_ml_ptr, part, d, row_ok, d_ok, m, l, acc, BLOCK_D: tl.constexpr):
-    """One split's raw partial: folded into the empty state it is exactly itself."""
-    tl.store(part_o_ptr + part + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+def _store_partial(part_o_ptr, part_ml_ptr, part, part_ok, row_ok, d, d_ok, m, l, acc, BLOCK_D: tl.constexpr,
+                   PAIRS: tl.constexpr):
+    """One split's raw partial: folded into the empty state it is exactly itself. `part`,
+    `part_ok`: offsets and mask of the rows stored, with PAIRS those _pair_rows keeps."""
+    if PAIRS:
+        acc = _pair_rows(acc, row_ok)
+        m = tl.reshape(_pair_rows(m[:, None], row_ok), [m.shape[0] // 2])
+        l = tl.reshape(_pair_rows(l[:, None], row_ok), [l.shape[0] // 2])
+    tl.store(part_o_ptr + part + d[None, :], acc, mask=part_ok[:, None] & d_ok[None, :])
     # part_ml is [T, H, splits, 2], indexed like part_o without its last (BLOCK_D) axis.
-    tl.store(part_ml_ptr + part // BLOCK_D * 2, m[:, None], mask=row_ok[:, None])
-    tl.store(part_ml_ptr + part // BLOCK_D * 2 + 1, l[:, None], mask=row_ok[:, None])
+    tl.store(part_ml_ptr + part // BLOCK_D * 2, m[:, None], mask=part_ok[:, None])
+    tl.store(part_ml_ptr + part // BLOCK_D * 2 + 1, l[:, None], mask=part_ok[:, None])
 
 
 @triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_ml_ptr,
     block_tables_ptr, cu_q_ptr, kv_lens_ptr, cu_tiles_ptr,
-    S, n_iter, scale_log2, tiles_per_program, chunks_per_program, tile_programs, decode_only,
+    S, n_iter, scale_log2, tiles_per_program, chunks_per_program, tile_programs,
     stride_qt, stride_qh,
     stride_kb, stride_kp, stride_kh,
-    stride_vb, stride_vp, stride_vh,
     stride_ot, stride_oh,
     stride_bt,
     stride_pt, stride_ph, stride_ps,
     D: tl.constexpr, BLOCK_D: tl.constexpr, G: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND: tl.constexpr, CHUNK: tl.constexpr,
-    WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, SPLIT: tl.constexpr,
+    WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // G
+    PAIRS: tl.constexpr = DECODE and G <= 8  # see _pair_rows
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
 
     # Decode-only batches have one tile per sequence: no tile offsets, one launch fewer.
-    if decode_only:
+    if DECODE:
         seq = tile
     else:
         seq = _seq_of(cu_tiles_ptr, tile, S, n_iter)
@@ -250,17 +291,13 @@ def _attention_kernel(
     q_len = tl.where(live, tl.load(cu_q_ptr + seq + 1) - q_start, 0)
     kv_len = tl.load(kv_lens_ptr + seq)
     q_first = kv_len - q_len                         # absolute position of the sequence's first query
-    if decode_only:
+    if DECODE:
         tile_in_seq = tile * 0
     else:
         tile_in_seq = tile - tl.load(cu_tiles_ptr + seq)
     first = (q_first // BLOCK_Q + tile_in_seq) * BLOCK_Q
 
-    rows = tl.arange(0, BLOCK_M)
-    pos = first + rows // G                          # absolute position of each query row
-    tok = pos - q_first
-    head = kv_head * G + rows % G
-    row_ok = (tok >= 0) & (tok < q_len)
+    pos, tok, head, row_ok = _rows(tl.arange(0, BLOCK_M), first, q_first, q_len, kv_head, G)
     last_pos = tl.where(live, tl.minimum(first + BLOCK_Q, kv_len) - 1, -1)
 
     d = tl.arange(0, BLOCK_D)
@@ -276,8 +313,15 @@ def _attention_kernel(
     band_end = tl.minimum(t_end, BAND)
     bt = block_tables_ptr + seq * stride_bt
     k_head = k_ptr + kv_head * stride_kh
-    v_head = v_ptr + kv_head * stride_vh
-    part = (q_start + tok)[:, None] * stride_pt + head[:, None] * stride_ph
+    v_head = v_ptr + kv_head * stride_kh
+    # Rows of the output and the partials: with PAIRS, those _pair_rows keeps (the query's G
+    # rows sit in half (first row // 8) % 2 of each 16).
+    out_tok, out_head, out_ok = tok, head, row_ok
+    if PAIRS:
+        i = tl.arange(0, BLOCK_M // 2)
+        _, out_tok, out_head, out_ok = _rows(i // 8 * 16 + (kv_len - 1 - first) * G // 8 % 2 * 8 + i % 8,
+                                             first, q_first, q_len, kv_head, G)
+    part = (q_start + out_tok)[:, None] * stride_pt + out_head[:, None] * stride_ph
 
     if SPLIT:
         # Programs [0, tile_programs) take runs of one-tile splits, the rest runs of chunks.
@@ -287,43 +331,48 @@ def _attention_kernel(
             t_hi = tl.minimum(t_lo + tiles_per_program, band_end)
             for t in range(t_lo, tl.minimum(t_hi, diag)):
                 m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
-                                        stride_kb, stride_kp, stride_vb, stride_vp, PAGE, BLOCK_N, False)
-                _store_partial(part_o_ptr, part_ml_ptr, part + t * stride_ps, d, row_ok, d_ok, m, l, acc, BLOCK_D)
+                                        stride_kb, stride_kp, PAGE, BLOCK_N, False)
+                _store_partial(part_o_ptr, part_ml_ptr, part + t * stride_ps, out_ok, row_ok, d, d_ok, m, l, acc,
+                               BLOCK_D, PAIRS)
             for t in range(tl.maximum(t_lo, diag), t_hi):
                 m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
-                                        stride_kb, stride_kp, stride_vb, stride_vp, PAGE, BLOCK_N, True)
-                _store_partial(part_o_ptr, part_ml_ptr, part + t * stride_ps, d, row_ok, d_ok, m, l, acc, BLOCK_D)
+                                        stride_kb, stride_kp, PAGE, BLOCK_N, True)
+                _store_partial(part_o_ptr, part_ml_ptr, part + t * stride_ps, out_ok, row_ok, d, d_ok, m, l, acc,
+                               BLOCK_D, PAIRS)
         else:
             c_lo = (z - tile_programs) * chunks_per_program
             for c in range(c_lo, c_lo + chunks_per_program):
                 t0, t1 = _chunk_tiles(c, t_end, BAND, CHUNK, WIDE_FROM, WIDE)
                 if t0 < t_end:
                     m, l, acc = _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos,
-                                       d, d_ok, scale_log2, stride_kb, stride_kp, stride_vb, stride_vp,
+                                       d, d_ok, scale_log2, stride_kb, stride_kp,
                                        PAGE, BLOCK_N, BLOCK_M, BLOCK_D)
-                    _store_partial(part_o_ptr, part_ml_ptr, part + (BAND + c) * stride_ps, d, row_ok, d_ok,
-                                   m, l, acc, BLOCK_D)
+                    _store_partial(part_o_ptr, part_ml_ptr, part + (BAND + c) * stride_ps, out_ok, row_ok, d,
+                                   d_ok, m, l, acc, BLOCK_D, PAIRS)
     else:
         M = tl.full([BLOCK_M], float("-inf"), tl.float32)
         L = tl.zeros([BLOCK_M], tl.float32)
         O = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         for t in range(0, tl.minimum(band_end, diag)):
             m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
-                                    stride_kb, stride_kp, stride_vb, stride_vp, PAGE, BLOCK_N, False)
+                                    stride_kb, stride_kp, PAGE, BLOCK_N, False)
             M, L, O = _fold(M, L, O, m, l, acc)
         for t in range(diag, band_end):
             m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
-                                    stride_kb, stride_kp, stride_vb, stride_vp, PAGE, BLOCK_N, True)
+                                    stride_kb, stride_kp, PAGE, BLOCK_N, True)
             M, L, O = _fold(M, L, O, m, l, acc)
         for c in range(0, _split_of(t_end - 1, BAND, CHUNK, WIDE_FROM, WIDE) + 1 - BAND):
             t0, t1 = _chunk_tiles(c, t_end, BAND, CHUNK, WIDE_FROM, WIDE)
             m, l, acc = _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos,
-                               d, d_ok, scale_log2, stride_kb, stride_kp, stride_vb, stride_vp,
+                               d, d_ok, scale_log2, stride_kb, stride_kp,
                                PAGE, BLOCK_N, BLOCK_M, BLOCK_D)
             M, L, O = _fold(M, L, O, m, l, acc)
+        if PAIRS:
+            O = _pair_rows(O, row_ok)
+            L = tl.reshape(_pair_rows(L[:, None], row_ok), [BLOCK_M // 2])
         o = tl.div_rn(O, tl.where(L > 0, L, 1.0)[:, None])  # L == 0 only on padding rows
-        tl.store(o_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-                 o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(o_ptr + (q_start + out_tok)[:, None] * stride_ot + out_head[:, None] * stride_oh + d[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=out_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -440,6 +489,9 @@ def paged_attention_triton(
     G = H // h_kv
     assert H % h_kv == 0 and block_m % G == 0, f"GQA group {G} must divide {block_m}"
     assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    # One address per KV element serves K and V; the row max is taken before the scaling (_scores).
+    assert k_cache.stride() == v_cache.stride(), "K and V caches must share their layout"
+    assert scale > 0, "the softmax scale must be positive"
     o = torch.empty_like(q)
     if T == 0:
         return o
@@ -485,15 +537,15 @@ def paged_attention_triton(
     _attention_kernel[(n_tiles, h_kv, grid_splits)](
         q, k_cache, v_cache, o, part_o, part_ml,
         block_tables, cu_seqlens_q, kv_lens, cu_tiles,
-        S, _n_iter(S), scale * math.log2(math.e), per_tile, per_chunk, tile_programs, int(decode_only),
+        S, _n_iter(S), scale * math.log2(math.e), per_tile, per_chunk, tile_programs,
         q.stride(0), q.stride(1),
-        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        *k_cache.stride()[:3],
         o.stride(0), o.stride(1),
         block_tables.stride(0),
         *(part_o.stride()[:3] if split_per_program else (0, 0, 0)),
         D=D, BLOCK_D=BLOCK_D, G=G, PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=BLOCK_N,
         BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, SPLIT=bool(split_per_program),
-        num_warps=num_warps,
+        DECODE=decode_only, num_warps=num_warps,
         num_stages=DECODE_STAGES if max_q_len <= block_q else NUM_STAGES,
     )
     if split_per_program:

@@ -173,8 +173,10 @@ def _reference_rows(target, block_size, device, rows_per_call=1024):
 
 # -- CPU (interpreter) at tiny sizes; also runs on a GPU ---------------------------------------
 
+# G = 16: a decode query's rows span both halves of a 16-row group, so no _pair_rows there.
 @pytest.mark.parametrize("G,block_size,dtype", [
-    (1, 16, torch.float16), (4, 64, torch.float16), (8, 16, torch.float16), (4, 16, torch.float32)])
+    (1, 16, torch.float16), (4, 64, torch.float16), (8, 16, torch.float16), (16, 16, torch.float16),
+    (4, 16, torch.float32)])
 def test_rows_are_bit_invariant_and_accurate(G, block_size, dtype, device, gen):
     if device == "cuda" and dtype == torch.float32:
         pytest.skip("fp32 dots run as tf32 on the GPU; the GPU test covers bf16")
