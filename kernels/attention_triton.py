@@ -142,6 +142,7 @@ def _fold(M, L, O, m, l, acc):
 
 @triton.jit
 def _take_owned(a, a_own, b, b_own):
+    """_pair_rows' combine: of two rows, the owned one."""
     return tl.where(a_own, a, b), a_own | b_own
 
 
