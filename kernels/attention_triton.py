@@ -164,6 +164,21 @@ def _pair_rows(x, own):
 
 
 @triton.jit
+def _pair_values(v, own):
+    """_pair_rows of a per-row vector."""
+    return tl.reshape(_pair_rows(v[:, None], own), [v.shape[0] // 2])
+
+
+@triton.jit
+def _paired_ids(first_own, M: tl.constexpr):
+    """Ids of the rows _pair_rows keeps when the owned rows start at row first_own: in closed
+    form, so that offsets built from them keep their alignment (picked through the select,
+    they lost it and the stores their vector width)."""
+    i = tl.arange(0, M // 2)
+    return i // 8 * 16 + first_own // 8 % 2 * 8 + i % 8
+
+
+@triton.jit
 def _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp,
              PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
     """Positions, K and V of one tile. MASKED: it may reach past the sequence's end (read as 0)."""
@@ -252,8 +267,8 @@ def _store_partial(part_o_ptr, part_ml_ptr, part, part_ok, row_ok, d, d_ok, m, l
     `part_ok`: offsets and mask of the rows stored, with PAIRS those _pair_rows keeps."""
     if PAIRS:
         acc = _pair_rows(acc, row_ok)
-        m = tl.reshape(_pair_rows(m[:, None], row_ok), [m.shape[0] // 2])
-        l = tl.reshape(_pair_rows(l[:, None], row_ok), [l.shape[0] // 2])
+        m = _pair_values(m, row_ok)
+        l = _pair_values(l, row_ok)
     tl.store(part_o_ptr + part + d[None, :], acc, mask=part_ok[:, None] & d_ok[None, :])
     # part_ml is [T, H, splits, 2], indexed like part_o without its last (BLOCK_D) axis.
     tl.store(part_ml_ptr + part // BLOCK_D * 2, m[:, None], mask=part_ok[:, None])
@@ -316,11 +331,10 @@ def _attention_kernel(
     k_head = k_ptr + kv_head * stride_kh
     v_head = v_ptr + kv_head * stride_kh
     # Rows of the output and the partials: with PAIRS, those _pair_rows keeps (the query's G
-    # rows sit in half (first row // 8) % 2 of each 16).
+    # rows start at row (kv_len - 1 - first) * G).
     out_tok, out_head, out_ok = tok, head, row_ok
     if PAIRS:
-        i = tl.arange(0, BLOCK_M // 2)
-        _, out_tok, out_head, out_ok = _rows(i // 8 * 16 + (kv_len - 1 - first) * G // 8 % 2 * 8 + i % 8,
+        _, out_tok, out_head, out_ok = _rows(_paired_ids((kv_len - 1 - first) * G, BLOCK_M),
                                              first, q_first, q_len, kv_head, G)
     part = (q_start + out_tok)[:, None] * stride_pt + out_head[:, None] * stride_ph
 
@@ -370,7 +384,7 @@ def _attention_kernel(
             M, L, O = _fold(M, L, O, m, l, acc)
         if PAIRS:
             O = _pair_rows(O, row_ok)
-            L = tl.reshape(_pair_rows(L[:, None], row_ok), [BLOCK_M // 2])
+            L = _pair_values(L, row_ok)
         o = tl.div_rn(O, tl.where(L > 0, L, 1.0)[:, None])  # L == 0 only on padding rows
         tl.store(o_ptr + (q_start + out_tok)[:, None] * stride_ot + out_head[:, None] * stride_oh + d[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=out_ok[:, None] & d_ok[None, :])
