@@ -43,7 +43,7 @@ ARG_TYPES = {  # name -> Triton type, for every argument name the sampling kerne
     "state_f_ptr": "*fp32", "part_ptr": "*i32", "count_ptr": "*i32", "mass_ptr": "*fp32", "bound_ptr": "*i32",
     "out_ptr": "*i64", "best_ptr": "*fp32", "where_ptr": "*i32", "m_ptr": "*fp32", "z_ptr": "*fp32",
     "settled_ptr": "*i32", "hist_ptr": "*i32", "list_ptr": "*i64", "size_ptr": "*i32",
-    "last_ptr": "*i32", "next_ptr": "*i32", "work_ptr": "*i32",
+    "last_ptr": "*i32", "next_ptr": "*i32", "work_ptr": "*i32", "done_ptr": "*i32", "W": "i32",
 }
 _BINS = 1 << sf._BITS
 _FILTER = {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS, "CP": 64, "PP": 32, "BINS": _BINS, "BITS": sf._BITS, "ROWS": 1}
@@ -62,9 +62,7 @@ KERNELS = (
      {"num_warps": sc._WARPS}),
     ("top-k/top-p settle", sc._settle_kernel, {"CP": 64, "CAP": sc._CAP, "SMALL": sc._SMALL},
      {"num_warps": sc._WARPS, "enable_fp_fusion": False}),
-    ("top-k/top-p radix round", sf._round_kernel, {**_FILTER, "SUB": sf._SUB},
-     {"num_warps": sf._WARPS, "enable_fp_fusion": False}),
-    ("top-k/top-p kept partials", sf._kept_kernel, {**_FILTER, "ROUNDS": 32 // sf._BITS},
+    ("top-k/top-p radix select", sf._select_kernel, {**_FILTER, "SUB": sf._SUB, "ROUNDS": 32 // sf._BITS},
      {"num_warps": sf._WARPS, "enable_fp_fusion": False}),
     ("argmax partial", st._argmax_partial_kernel, {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS}, {"num_warps": st._WARPS}),
     ("logsumexp partial", st._lse_partial_kernel, {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS}, {"num_warps": st._WARPS}),

@@ -290,7 +290,7 @@ def _settle_kernel(seed_ptr, step_ptr, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_
             tl.store(bound_ptr + row * 2 + 1, cut)
     tl.store(settled_ptr + row, settled)
     if (k_on | p_on) & (settled == 0):
-        # The radix select's work list: its launches take these rows alone.
+        # The radix select's work list: its programs take these rows alone.
         tl.store(work_ptr + 1 + tl.atomic_add(work_ptr, 1, sem="relaxed"), row)
 
 

@@ -1,24 +1,25 @@
 """Top-k / top-p kept sets, spread over many programs per row: a radix select, for the
 rows that kernels/sampling_candidates.py leaves unsettled (long kept sets, ties past
 its list, -inf tails). Those rows come as a work list, a program taking up to _ROWS
-of them, so that a launch with nothing listed costs only its few programs.
+of them, so that a launch with nothing listed costs only its few programs. The whole
+select is one launch whose programs wait on the round before theirs (_select_kernel).
 
 A filtered row keeps {key > t} and the first ties at t in id order (the rule in
 kernels/sampling.py's docstring), where key is the order-preserving int32 image of
 the fp32 score. t is found _BITS bits at a time, most significant first, in
-32 / _BITS launches. In each, one program per part of the row (the chunks one pass-1
+32 / _BITS rounds. In each, one program per part of the row (the chunks one pass-1
 program takes) bins the part's tokens that share the digits chosen so far by their
 next digit, counting them and summing their masses exp(s - row max). The next
-launch's programs all merge those per-part bins the same way (counts are integers;
+round's programs all merge those per-part bins the same way (counts are integers;
 masses fp32, summed over the parts in one fixed tree, then running down the bins
 from the highest digit) and so all descend into the same digit: the highest whose
-set {key >= prefix.digit.0...} meets an active condition. A last launch ranks the
+set {key >= prefix.digit.0...} meets an active condition. A last round ranks the
 ties at t and writes each chunk's (max, mass) over its kept tokens in place of pass
 1's partials, so the pick inverts the kept CDF exactly as it does for an unfiltered
 row.
 
-No program waits for another and nothing is shared between rows: the order of
-every sum is fixed by V, the chunk size, the chunks per part, _BITS and _SUB. Once
+A program waits only for its rows' previous round, and nothing is shared between rows:
+the order of every sum is fixed by V, the chunk size, the chunks per part, _BITS and _SUB. Once
 the running set has left a part (its count in the chosen bin is 0), the part's
 programs skip the load.
 """
@@ -33,17 +34,17 @@ from kernels.sampling_rows import (chunk_mass, from_order_key, load_partials, me
 
 # _BITS and _SUB fix how the top-p masses are grouped into sums, so changing either
 # can move a kept set's boundary by rounding and KERNEL_VERSION must move with it.
-# 4 bits: 16 bins and 8 round launches per call. _SUB tokens per one-hot tile: each
+# 4 bits: 16 bins and 8 rounds per call. _SUB tokens per one-hot tile: each
 # thread holds SUB * BINS / (32 * _WARPS) of each accumulator.
 _BITS = 4
 _SUB = 512
 _WARPS = 8
 _SIGN = tl.constexpr(-2147483648)
-# Work-list rows a launch's programs take at once (with their part); a program takes rows
+# Work-list rows a round's programs take at once (with their part); a program takes rows
 # w, w + that, ... (at most _ROWS, unrolled: a loop instead doubled the registers). A grid
-# that fills the GPU when every row is listed and costs little when none is (H100, B = 256:
-# 25 us for the 9 empty launches, 81 when every (row, part) had a program that checked its
-# row's flag). Only timing depends on them.
+# that fills the GPU when every row is listed and costs little when none is (H100, B = 256,
+# nothing listed: 18 us for the one launch, 25 when each round was a launch, 81 when every
+# (row, part) had a program that checked its row's flag). Only timing depends on them.
 _LISTED = 64
 _ROWS = 4
 
@@ -104,23 +105,22 @@ def _state(r, row, p, P, C, m_ptr, z_ptr, top_p, k_on, top_k, p_on, count_ptr, m
 
 
 @triton.jit
-def _work_row(work_ptr, k):
-    """This program's k-th row of the work list (a count, then row ids): (whether it exists, the row)."""
-    w = tl.program_id(1) + k * tl.num_programs(1)
-    listed = w < tl.load(work_ptr)
-    return listed, tl.load(work_ptr + 1 + w, mask=listed, other=0)
+def _work_row(work_ptr, w, W, k):
+    """Row group w's k-th row of the work list (a count, then row ids): (whether it exists, the row)."""
+    at = w + k * W
+    listed = at < tl.load(work_ptr)
+    return listed, tl.load(work_ptr + 1 + at, mask=listed, other=0)
 
 
-@triton.jit(do_not_specialize=["r"])
-def _round_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, work_ptr, count_ptr, mass_ptr,
-                  state_i_ptr, state_f_ptr, part_ptr, r, V, C, P, B, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
-                  SUB: tl.constexpr, CP: tl.constexpr, PP: tl.constexpr, BINS: tl.constexpr, BITS: tl.constexpr,
-                  ROWS: tl.constexpr):
-    """Round r: bin one part's (CHUNKS chunks') tokens of the running set by their digit r
-    (bits 31 - BITS*r down)."""
-    p = tl.program_id(0)
+@triton.jit
+def _round(r, p, w, W, x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, work_ptr, count_ptr, mass_ptr,
+           state_i_ptr, state_f_ptr, part_ptr, V, C, P, B, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
+           SUB: tl.constexpr, CP: tl.constexpr, PP: tl.constexpr, BINS: tl.constexpr, BITS: tl.constexpr,
+           ROWS: tl.constexpr):
+    """Round r: bin part p's (CHUNKS chunks') tokens of the running set by their digit r
+    (bits 31 - BITS*r down), for row group w's rows."""
     for k in tl.static_range(ROWS):
-        listed, row = _work_row(work_ptr, k)
+        listed, row = _work_row(work_ptr, w, W, k)
         if listed:
             greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
             prefix, _, _, row_max, _, _, part_left = _state(
@@ -157,15 +157,14 @@ def _round_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, w
 
 
 @triton.jit
-def _kept_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, work_ptr, where_ptr, bound_ptr,
-                 count_ptr, mass_ptr, state_i_ptr, state_f_ptr, part_ptr, V, C, P, B, BLOCK: tl.constexpr,
-                 CHUNKS: tl.constexpr, CP: tl.constexpr, PP: tl.constexpr, BINS: tl.constexpr, BITS: tl.constexpr,
-                 ROUNDS: tl.constexpr, ROWS: tl.constexpr):
+def _kept(p, w, W, x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, work_ptr, where_ptr, bound_ptr,
+          count_ptr, mass_ptr, state_i_ptr, state_f_ptr, part_ptr, V, C, P, B, BLOCK: tl.constexpr,
+          CHUNKS: tl.constexpr, CP: tl.constexpr, PP: tl.constexpr, BINS: tl.constexpr, BITS: tl.constexpr,
+          ROUNDS: tl.constexpr, ROWS: tl.constexpr):
     """After the last round: t, how many ties at t are kept, and per chunk of part p the kept
     tokens' (max, mass) over pass 1's partials and the highest kept tie id (in where_ptr)."""
-    p = tl.program_id(0)
     for k in tl.static_range(ROWS):
-        listed, row = _work_row(work_ptr, k)
+        listed, row = _work_row(work_ptr, w, W, k)
         if listed:
             greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
             prefix, above_count, above_mass, row_max, needed, part_above, part_ties = _state(
@@ -215,6 +214,39 @@ def _kept_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, wo
                 tl.store(bound_ptr + row * 2, threshold)
 
 
+@triton.jit(do_not_specialize=["W"])
+def _select_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, work_ptr, where_ptr, bound_ptr,
+                   count_ptr, mass_ptr, state_i_ptr, state_f_ptr, part_ptr, done_ptr, V, C, P, B, W,
+                   BLOCK: tl.constexpr, CHUNKS: tl.constexpr, SUB: tl.constexpr, CP: tl.constexpr,
+                   PP: tl.constexpr, BINS: tl.constexpr, BITS: tl.constexpr, ROUNDS: tl.constexpr,
+                   ROWS: tl.constexpr):
+    """Every round and the kept partials in one launch. Program ids run round by round, row
+    group by row group, part by part: a program waits only for the parts of its row group's
+    previous round, all of lower ids, which never wait on it, so with blocks dispatched in
+    id order (as the one-launch log_softmax relies on) every wait ends; so does it under
+    the interpreter, which runs programs in id order. A row group with no listed row returns
+    at once: an empty work list costs one launch of returning programs, not one per round."""
+    step = tl.program_id(0) // P
+    p = tl.program_id(0) % P
+    r = step // W
+    w = step % W
+    if w < tl.load(work_ptr):
+        if r > 0:
+            seen = tl.atomic_add(done_ptr + (r - 1) * W + w, 0, sem="acquire", scope="gpu")
+            while seen < P:
+                seen = tl.atomic_add(done_ptr + (r - 1) * W + w, 0, sem="acquire", scope="gpu")
+        if r < ROUNDS:
+            _round(r, p, w, W, x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, work_ptr, count_ptr,
+                   mass_ptr, state_i_ptr, state_f_ptr, part_ptr, V, C, P, B, BLOCK, CHUNKS, SUB, CP, PP, BINS, BITS,
+                   ROWS)
+            tl.debug_barrier()  # every thread's bins and state are stored before the release
+            tl.atomic_add(done_ptr + r * W + w, 1, sem="release", scope="gpu")
+        else:
+            _kept(p, w, W, x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, work_ptr, where_ptr,
+                  bound_ptr, count_ptr, mass_ptr, state_i_ptr, state_f_ptr, part_ptr, V, C, P, B, BLOCK, CHUNKS, CP,
+                  PP, BINS, BITS, ROUNDS, ROWS)
+
+
 def kept_partials(x: torch.Tensor, params, m, z, work, where, bound, block: int, per_program: int,
                   chunks_p2: int) -> None:
     """For the rows in `work` (a count, then row ids): replace pass 1's chunk partials m, z by those of the kept set,
@@ -230,14 +262,13 @@ def kept_partials(x: torch.Tensor, params, m, z, work, where, bound, block: int,
     state_f = torch.empty((batch, 4), dtype=torch.float32, device=x.device)
     part = torch.empty((batch, parts), dtype=torch.int32, device=x.device)
     rows = min(triton.cdiv(batch, _LISTED), _ROWS)
-    grid = (parts, triton.cdiv(batch, rows))
-    common = dict(BLOCK=block, CHUNKS=per_program, CP=chunks_p2, PP=max(2, triton.next_power_of_2(parts)), BINS=bins,
-                  BITS=_BITS, ROWS=rows, num_warps=_WARPS, enable_fp_fusion=False)
+    groups = triton.cdiv(batch, rows)
     rounds = 32 // _BITS
+    done = torch.zeros(rounds * groups, dtype=torch.int32, device=x.device)
     sub = min(_SUB, block)
     assert per_program * block // sub < 256, "a packed count's byte would overflow"
-    for r in range(rounds):
-        _round_kernel[grid](x, x.stride(0), *params, m, z, work, count, mass, state_i, state_f, part, r, vocab,
-                            chunks, parts, batch, SUB=sub, **common)
-    _kept_kernel[grid](x, x.stride(0), *params, m, z, work, where, bound, count, mass, state_i, state_f, part, vocab,
-                       chunks, parts, batch, ROUNDS=rounds, **common)
+    _select_kernel[((rounds + 1) * groups * parts,)](
+        x, x.stride(0), *params, m, z, work, where, bound, count, mass, state_i, state_f, part, done, vocab, chunks,
+        parts, batch, groups, BLOCK=block, CHUNKS=per_program, SUB=sub, CP=chunks_p2,
+        PP=max(2, triton.next_power_of_2(parts)), BINS=bins, BITS=_BITS, ROUNDS=rounds, ROWS=rows, num_warps=_WARPS,
+        enable_fp_fusion=False)

@@ -18,8 +18,9 @@ pass 1 reads the whole row, so an unfiltered batch samples at the speed of
 logsumexp plus one short launch. When a row has top-k / top-p, kernels/sampling_candidates.py
 runs between the two: it finds the kept set from a short list of the row's top tokens and
 draws the token itself (4 launches). The rows it leaves unsettled go through
-kernels/sampling_filter.py (a radix select over many programs per row, 9 launches over a
-work list of those rows), and that leaves the kept set's partials for the pick.
+kernels/sampling_filter.py (a radix select over many programs per row, one launch over a
+work list of those rows, its rounds in turn), and that leaves the kept set's partials for
+the pick.
 """
 from __future__ import annotations
 
