@@ -5,7 +5,7 @@ needed), as the launcher would specialize it at V = 152064 (pointers, row stride
 and V divisible by 16), disassembles it and counts registers, instructions,
 barriers, special-function (MUFU) and the multiply-add instructions that carry
 the logs (FFMA) and Philox (IMAD). For the longest loop it also gives the body's
-length and the spans that forward branches inside it can skip (in a radix round:
+length and the spans that forward branches inside it can skip (in the radix select:
 the mass sums, skipped for top-k-only rows). Counts are not timings: they show
 where a kernel's work goes, and that it still compiles for the GPU, on a machine
 without one; speed is measured by bench/kernels_sampling.py on a GPU.
