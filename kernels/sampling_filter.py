@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.sampling_rows import (chunk_mass, from_order_key, load_partials, merged_mass, order_key, row_params,
-                                   scaled_chunk)
+from kernels.sampling_rows import (chunk_mass, from_order_key, load_partials, merged_mass, order_key, release,
+                                   row_params, scaled_chunk, wait_for)
 
 # _BITS and _SUB fix how the top-p masses are grouped into sums, so changing either
 # can move a kept set's boundary by rounding and KERNEL_VERSION must move with it.
@@ -221,26 +221,22 @@ def _select_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, 
                    PP: tl.constexpr, BINS: tl.constexpr, BITS: tl.constexpr, ROUNDS: tl.constexpr,
                    ROWS: tl.constexpr):
     """Every round and the kept partials in one launch. Program ids run round by round, row
-    group by row group, part by part: a program waits only for the parts of its row group's
-    previous round, all of lower ids, which never wait on it, so with blocks dispatched in
-    id order (as the one-launch log_softmax relies on) every wait ends; so does it under
-    the interpreter, which runs programs in id order. A row group with no listed row returns
-    at once: an empty work list costs one launch of returning programs, not one per round."""
+    group by row group, part by part, so the parts of a row group's previous round, which a
+    program waits for, all have lower ids (sampling_rows.wait_for). A row group with no listed
+    row returns at once: an empty work list costs one launch of returning programs, not one
+    per round."""
     step = tl.program_id(0) // P
     p = tl.program_id(0) % P
     r = step // W
     w = step % W
     if w < tl.load(work_ptr):
         if r > 0:
-            seen = tl.atomic_add(done_ptr + (r - 1) * W + w, 0, sem="acquire", scope="gpu")
-            while seen < P:
-                seen = tl.atomic_add(done_ptr + (r - 1) * W + w, 0, sem="acquire", scope="gpu")
+            wait_for(done_ptr + (r - 1) * W + w, P)
         if r < ROUNDS:
             _round(r, p, w, W, x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, work_ptr, count_ptr,
                    mass_ptr, state_i_ptr, state_f_ptr, part_ptr, V, C, P, B, BLOCK, CHUNKS, SUB, CP, PP, BINS, BITS,
                    ROWS)
-            tl.debug_barrier()  # every thread's bins and state are stored before the release
-            tl.atomic_add(done_ptr + r * W + w, 1, sem="release", scope="gpu")
+            release(done_ptr + r * W + w)
         else:
             _kept(p, w, W, x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, work_ptr, where_ptr,
                   bound_ptr, count_ptr, mass_ptr, state_i_ptr, state_f_ptr, part_ptr, V, C, P, B, BLOCK, CHUNKS, CP,

@@ -1,6 +1,7 @@
 """Per-row building blocks shared by the sampling kernels (kernels/sampling_triton.py,
 kernels/sampling_filter.py): a row's parameters, its scaled scores and their
-order-preserving int32 keys, and the (max, mass) chunk partials with their merge.
+order-preserving int32 keys, the (max, mass) chunk partials with their merge, and
+the counters by which one program waits for others of the same launch.
 
 The partials are the only place a row's floating-point sums are taken: one per
 chunk of a fixed size, merged by one fixed tree over the chunks, so every kernel
@@ -83,3 +84,20 @@ def kept(s, ids, valid, threshold, cut):
     """The kept set: keys above the boundary, and boundary ties up to the cut id."""
     key = order_key(s)
     return valid & ((key > threshold) | ((key == threshold) & (ids <= cut)))
+
+
+@triton.jit
+def release(counter_ptr):
+    """Count this program in, once every thread's stores before it are visible GPU-wide."""
+    tl.debug_barrier()
+    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def wait_for(counter_ptr, n):
+    """Spin until n programs have released the counter (acquire: their stores are then seen).
+    Only for programs of lower ids, which never wait on this one: with blocks dispatched in
+    id order (and the interpreter's one-by-one order) the wait always ends."""
+    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    while seen < n:
+        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")

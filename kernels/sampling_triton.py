@@ -30,7 +30,8 @@ import triton.language as tl
 
 from kernels import sampling_candidates, sampling_filter
 from kernels.philox import row_uniform
-from kernels.sampling_rows import chunk_mass, crossing, kept, load_partials, merged_mass, row_params, scaled_chunk
+from kernels.sampling_rows import (chunk_mass, crossing, kept, load_partials, merged_mass, release, row_params,
+                                   scaled_chunk, wait_for)
 
 # _BLOCK fixes the order of every floating-point sum (logsumexp, log_softmax, the
 # sampler's masses, the top-p masses that decide the kept set), so changing it
@@ -137,15 +138,12 @@ def _log_softmax_kernel(x_ptr, stride, m_ptr, z_ptr, done_ptr, out_ptr, V, C, B,
         if row < B:
             _chunk_partials(x_ptr + row.to(tl.int64) * stride, m_ptr + row * C, z_ptr + row * C, part * CHUNKS,
                             C, V, BLOCK, CHUNKS, "evict_last")
-            tl.debug_barrier()  # every thread's partials are stored before the release
-            tl.atomic_add(done_ptr + row, 1, sem="release", scope="gpu")
+            release(done_ptr + row)
     else:
         row = step - LAG
         if row >= 0:
             if row < B:
-                seen = tl.atomic_add(done_ptr + row, 0, sem="acquire", scope="gpu")
-                while seen < P:
-                    seen = tl.atomic_add(done_ptr + row, 0, sem="acquire", scope="gpu")
+                wait_for(done_ptr + row, P)
                 _write_log_softmax(x_ptr, stride, m_ptr, z_ptr, out_ptr, row, (part - P) * CHUNKS, V, C,
                                    BLOCK, CHUNKS, CP)
 
