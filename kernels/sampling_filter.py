@@ -1,8 +1,8 @@
 """Top-k / top-p kept sets, spread over many programs per row: a radix select, for the
 rows that kernels/sampling_candidates.py leaves unsettled (long kept sets, ties past
 its list, -inf tails). Those rows come as a work list, a program taking up to _ROWS
-of them, so that a launch with nothing listed costs only its few programs. The whole
-select is one launch whose programs wait on the round before theirs (_select_kernel).
+of them. The whole select is one launch whose programs wait on the round before theirs
+(_select_kernel); with nothing listed, every program returns at once.
 
 A filtered row keeps {key > t} and the first ties at t in id order (the rule in
 kernels/sampling.py's docstring), where key is the order-preserving int32 image of
