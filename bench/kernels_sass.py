@@ -43,22 +43,28 @@ ARG_TYPES = {  # name -> Triton type, for every argument name the sampling kerne
     "state_f_ptr": "*fp32", "part_ptr": "*i32", "count_ptr": "*i32", "mass_ptr": "*fp32", "bound_ptr": "*i32",
     "out_ptr": "*i64", "best_ptr": "*fp32", "where_ptr": "*i32", "m_ptr": "*fp32", "z_ptr": "*fp32",
     "settled_ptr": "*i32", "hist_ptr": "*i32", "list_ptr": "*i64", "size_ptr": "*i32",
-    "last_ptr": "*i32", "next_ptr": "*i32", "work_ptr": "*i32", "done_ptr": "*i32", "W": "i32",
+    "last_ptr": "*i32", "next_ptr": "*i32", "work_ptr": "*i32", "done_ptr": "*i32", "W": "i32", "TILES": "i32",
+    "tile_ptr": "*i32",
 }
 _BINS = 1 << sf._BITS
 _FILTER = {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS, "CP": 64, "PP": 32, "BINS": _BINS, "BITS": sf._BITS, "ROWS": 1}
 _CANDIDATES = {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS, "CP": 64, "STEP": sc._STEP, "BUCKETS": sc._BUCKETS}
-# (name, kernel, constexprs, launch options), sizes as the wrappers pick them at V = 152064
+# (name, kernel, constexprs, launch options or a function of the dtype giving them), sizes as the
+# wrappers pick them at V = 152064
 KERNELS = (
-    ("sample pass 1", st._sample_partial_kernel, {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS},
+    ("sample pass 1", st._sample_partial_kernel, {"BLOCK": st._BLOCK, "PDL": True},
+     lambda dtype: {"num_warps": st._WARPS, "enable_fp_fusion": False,
+                    "maxnreg": st.pass1_registers(2 if dtype == "bf16" else 4)}),
+    ("sample pick (filtered batch)", st._sample_pick_kernel, {"BLOCK": st._BLOCK, "CP": 64, "FILTERED": True,
+                                                             "PDL": False},
      {"num_warps": st._WARPS, "enable_fp_fusion": False}),
-    ("sample pick (filtered batch)", st._sample_pick_kernel, {"BLOCK": st._BLOCK, "CP": 64, "FILTERED": True},
-     {"num_warps": st._WARPS, "enable_fp_fusion": False}),
-    ("top-k/top-p histogram", sc._histogram_kernel, {**_CANDIDATES, "SUB": sc._HISTOGRAM_TILE},
+    ("top-k/top-p histogram", sc._histogram_kernel, {**_CANDIDATES, "SUB": sc._HISTOGRAM_TILE, "TILE": sc._TILE},
      {"num_warps": sc._WARPS}),
     ("top-k/top-p choose", sc._choose_kernel, {"CP": 64, "PP": 32, "STEP": sc._STEP, "BUCKETS": sc._BUCKETS,
                                                "CAP": sc._CAP}, {"num_warps": sc._WARPS}),
-    ("top-k/top-p gather", sc._gather_kernel, {**_CANDIDATES, "CAP": sc._CAP, "SUB": sc._GATHER_TILE},
+    ("top-k/top-p gather", sc._gather_kernel, {"CP": 64, "STEP": sc._STEP, "BUCKETS": sc._BUCKETS, "CAP": sc._CAP,
+                                           "PART": st._CHUNKS * st._BLOCK, "TILE": sc._TILE,
+                                           "ROUND": sc._ROUND},
      {"num_warps": sc._WARPS}),
     ("top-k/top-p settle", sc._settle_kernel, {"CP": 64, "CAP": sc._CAP, "SMALL": sc._SMALL},
      {"num_warps": sc._WARPS, "enable_fp_fusion": False}),
@@ -148,7 +154,8 @@ def main() -> None:
     rows = []
     for name, kernel, constexprs, options in KERNELS:
         for dtype in ("bf16", "fp32"):
-            rows.append({"kernel": name, "dtype": dtype, **count(compile_sm90(kernel, dtype, constexprs, options))})
+            opts = options(dtype) if callable(options) else options
+            rows.append({"kernel": name, "dtype": dtype, **count(compile_sm90(kernel, dtype, constexprs, opts))})
             print(rows[-1], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

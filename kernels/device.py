@@ -1,9 +1,11 @@
-"""What the kernel wrappers size their launches by: the GPU's SM count, looked up once per device."""
+"""What the kernel wrappers size and shape their launches by, looked up once per device: the GPU's SM
+count, and whether it takes programmatic dependent launches."""
 from __future__ import annotations
 
 import functools
 
 import torch
+import triton.language.extra.cuda as triton_cuda
 
 
 def sm_count(device: torch.device) -> int:
@@ -14,3 +16,16 @@ def sm_count(device: torch.device) -> int:
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def dependent_launch(device: torch.device) -> bool:
+    """Whether a kernel may launch before the one ahead of it ends (programmatic dependent launch:
+    sm_90 and later, and a Triton that has griddepcontrol)."""
+    return device.type == "cuda" and _dependent_launch(device.index if device.index is not None
+                                                       else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _dependent_launch(index: int) -> bool:
+    # A Triton without griddepcontrol also predates the launch_pdl option.
+    return torch.cuda.get_device_capability(index)[0] >= 9 and hasattr(triton_cuda, "gdc_wait")

@@ -2,17 +2,19 @@
 
 A kept set is a prefix of the rank order (score descending, ties by lowest id), and
 real rows keep few tokens. So:
-  1. histogram: one program per part of a row (the chunks one pass-1 program takes)
-     counts its tokens by how far below the row max their score lies, in buckets of
-     1 / _STEP; the last bucket takes the rest (and the padding past V).
+  1. histogram: one program per part of a row (_CHUNKS chunks) counts its tokens by
+     how far below the row max their score lies, in buckets of 1 / _STEP; the last
+     bucket takes the rest (and the padding past V). It also keeps each tile of _TILE
+     tokens' shallowest bucket.
   2. choose: one program per row merges the counts and finds the first bucket by
      which the kept set has provably ended: top-k's count reached, top-p's mass
      reached (the buckets past it hold at most their counts times the exp of their
      near edges), or the whole row counted. The tokens up to it are a prefix of the rank
      order with its ties whole: the row's list. Each part's count in it gives the part
      its first slot.
-  3. gather: one program per part writes its listed tokens as (rank key, id), each in a
-     slot from the part's own counter, which the choose started at the part's first slot.
+  3. gather: one program per part reads only the tiles whose shallowest bucket the list
+     reaches, and writes their listed tokens as (rank key, id), each in a slot from the
+     part's own counter, which the choose started at the part's first slot.
   4. settle: one program per row finds the kept set and draws from it with integer sums
      only: each listed token's mass exp(s - max) in fixed point, packed with a count of
      one. A short list is sorted (by rank, then the kept set by id) and summed running;
@@ -44,7 +46,11 @@ _BUCKETS = 32
 _CAP = 4096
 _SMALL = 256
 _HISTOGRAM_TILE = 8192
-_GATHER_TILE = 2048
+# The histogram keeps each _TILE tokens' shallowest bucket; the gather reads only the tiles
+# its list reaches, _ROUND of them at once (H100, B >= 32: 4 faster than 8 or 16; at B = 1, 8
+# by ~1 us). Only timing depends on them.
+_TILE = 256
+_ROUND = 4
 _WARPS = 8
 _LAST = tl.constexpr(2**63 - 1)
 # A listed token's settle term: 1 << _COUNT_AT plus its mass exp(s - max) <= 1 times 2**_FRACTION,
@@ -76,9 +82,9 @@ def _key_and_id(entry):
 
 
 @triton.jit
-def _histogram_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, hist_ptr, V, C, P,
-                      BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CP: tl.constexpr, SUB: tl.constexpr,
-                      STEP: tl.constexpr, BUCKETS: tl.constexpr):
+def _histogram_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, hist_ptr, tile_ptr, V, C, P,
+                      TILES, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CP: tl.constexpr, SUB: tl.constexpr,
+                      TILE: tl.constexpr, STEP: tl.constexpr, BUCKETS: tl.constexpr):
     p = tl.program_id(0)
     row = tl.program_id(1)
     greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
@@ -87,12 +93,16 @@ def _histogram_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_pt
         base = x_ptr + row.to(tl.int64) * stride
         counts = tl.zeros([BUCKETS], tl.int32)
         first = p * CHUNKS * BLOCK
+        t = tl.arange(0, SUB // TILE)
         for start in range(first, first + CHUNKS * BLOCK, SUB):
             bucket = _bucket(scaled_chunk(base, start + tl.arange(0, SUB), V, inverse)[0], ref, STEP, BUCKETS)
+            # Each tile's shallowest bucket: the gather reads only the tiles that reach its list.
+            shallowest = tl.min(tl.reshape(bucket, [SUB // TILE, TILE]), axis=1)
+            tl.store(tile_ptr + row * TILES + start // TILE + t, shallowest)
             # Only the listable buckets are binned; the last is the part's remainder. Where the
             # histogram is shared-memory atomics (Triton 3.9) most tokens would hit its one
             # counter; where it is ballots (3.6, measured) its cost grows with the bins instead.
-            if tl.min(bucket, axis=0) < BUCKETS - 1:
+            if tl.min(shallowest, axis=0) < BUCKETS - 1:
                 counts += tl.histogram(bucket, BUCKETS, mask=bucket < BUCKETS - 1)
         # The last bucket: the part's other tokens, and its padding past V (scored -inf).
         j = tl.arange(0, BUCKETS)
@@ -137,9 +147,9 @@ def _choose_kernel(temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, hist_ptr, last_
 
 
 @triton.jit
-def _gather_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, last_ptr, next_ptr, list_ptr, V, C, P,
-                   BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CP: tl.constexpr, SUB: tl.constexpr,
-                   STEP: tl.constexpr, BUCKETS: tl.constexpr, CAP: tl.constexpr):
+def _gather_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, last_ptr, next_ptr, tile_ptr,
+                   list_ptr, V, C, P, TILES, PART: tl.constexpr, CP: tl.constexpr, TILE: tl.constexpr,
+                   ROUND: tl.constexpr, STEP: tl.constexpr, BUCKETS: tl.constexpr, CAP: tl.constexpr):
     p = tl.program_id(0)
     row = tl.program_id(1)
     last = tl.load(last_ptr + row)
@@ -148,14 +158,22 @@ def _gather_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, 
         ref, _, _ = merged_mass(*load_partials(m_ptr + row * C, z_ptr + row * C, C, CP))
         base = x_ptr + row.to(tl.int64) * stride
         out = list_ptr + row.to(tl.int64) * CAP
-        first = p * CHUNKS * BLOCK
-        for start in range(first, first + CHUNKS * BLOCK, SUB):
-            ids = start + tl.arange(0, SUB)
+        # The part's tiles that its list reaches (by the histogram's shallowest buckets), each
+        # numbered by its rank among them; the others are never read.
+        t = p * (PART // TILE) + tl.arange(0, PART // TILE)
+        reached = tl.load(tile_ptr + row * TILES + t) <= last
+        rank = tl.where(reached, tl.cumsum(reached.to(tl.int32), axis=0) - 1, -1)
+        k = tl.arange(0, ROUND)
+        for first in range(0, tl.sum(reached.to(tl.int32), axis=0), ROUND):
+            # The tiles ranked first .. first + ROUND - 1, read at once.
+            hit = rank[None, :] == first + k[:, None]
+            tile = tl.sum(tl.where(hit, t[None, :], 0), axis=1)
+            ids = tl.where(tl.max(hit, axis=1)[:, None], tile[:, None] * TILE + tl.arange(0, TILE)[None, :], V)
             s, valid = scaled_chunk(base, ids, V, inverse)
             take = valid & (_bucket(s, ref, STEP, BUCKETS) <= last)
             # A slot per listed token from the part's own counter, which starts at the part's
             # first slot: no barrier per tile (a scan of each tile measured 15-25% slower).
-            at = tl.atomic_add(next_ptr + row * P + p + tl.zeros([SUB], tl.int32), 1, mask=take, sem="relaxed")
+            at = tl.atomic_add(next_ptr + row * P + p + tl.zeros(ids.shape, tl.int32), 1, mask=take, sem="relaxed")
             # (the counts keep slots below the list's size <= CAP; the mask only guards memory)
             tl.store(out + at, _entry(order_key(s), ids), mask=take & (at < CAP))
 
@@ -303,20 +321,25 @@ def settle(x: torch.Tensor, seeds, steps, params, m, z, out, bound, block: int, 
     chunks = m.shape[1]
     parts = triton.cdiv(chunks, per_program)
     hist = torch.empty((batch, parts, _BUCKETS), dtype=torch.int32, device=x.device)
+    part = per_program * block
+    sub = min(_HISTOGRAM_TILE, part)
+    tile = min(_TILE, sub)
+    tiles = parts * (part // tile)
+    shallowest = torch.empty((batch, tiles), dtype=torch.int32, device=x.device)
     last = torch.empty(batch, dtype=torch.int32, device=x.device)
     size = torch.empty_like(last)
     next_slot = torch.empty((batch, parts), dtype=torch.int32, device=x.device)
     entries = torch.empty((batch, _CAP), dtype=torch.int64, device=x.device)
     settled = torch.empty_like(last)
     work = torch.empty(1 + batch, dtype=torch.int32, device=x.device)
-    shape = dict(BLOCK=block, CHUNKS=per_program, CP=chunks_p2, STEP=_STEP, BUCKETS=_BUCKETS, num_warps=_WARPS)
-    _histogram_kernel[(parts, batch)](x, x.stride(0), *params, m, z, hist, vocab, chunks, parts,
-                                      SUB=min(_HISTOGRAM_TILE, per_program * block), **shape)
+    shape = dict(CP=chunks_p2, STEP=_STEP, BUCKETS=_BUCKETS, num_warps=_WARPS)
+    _histogram_kernel[(parts, batch)](x, x.stride(0), *params, m, z, hist, shallowest, vocab, chunks, parts, tiles,
+                                      BLOCK=block, CHUNKS=per_program, SUB=sub, TILE=tile, **shape)
     _choose_kernel[(batch,)](*params, m, z, hist, last, size, next_slot, work, vocab, chunks, parts, CP=chunks_p2,
                              PP=max(2, triton.next_power_of_2(parts)), STEP=_STEP, BUCKETS=_BUCKETS, CAP=_CAP,
                              num_warps=_WARPS)
-    _gather_kernel[(parts, batch)](x, x.stride(0), *params, m, z, last, next_slot, entries, vocab, chunks, parts,
-                                   CAP=_CAP, SUB=min(_GATHER_TILE, per_program * block), **shape)
+    _gather_kernel[(parts, batch)](x, x.stride(0), *params, m, z, last, next_slot, shallowest, entries, vocab, chunks,
+                                   parts, tiles, PART=part, TILE=tile, ROUND=_ROUND, CAP=_CAP, **shape)
     _settle_kernel[(batch,)](seeds, steps, *params, m, z, entries, size, out, bound, settled, work, vocab, chunks,
                              CP=chunks_p2, CAP=_CAP, SMALL=min(_SMALL, _CAP), num_warps=_WARPS,
                              enable_fp_fusion=False)

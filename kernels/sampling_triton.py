@@ -15,7 +15,8 @@ The sampler inverts each row's CDF at one uniform u: pass 1 writes the chunk
 partials, the pick (one program per row) finds the chunk where the running mass
 crosses u * total, then the token inside that chunk by a prefix sum over it. Only
 pass 1 reads the whole row, so an unfiltered batch samples at the speed of
-logsumexp plus one short launch. When a row has top-k / top-p, kernels/sampling_candidates.py
+logsumexp plus one short launch, which (sm_90 on) starts while pass 1's last programs
+run and waits for their partials. When a row has top-k / top-p, kernels/sampling_candidates.py
 runs between the two: it finds the kept set from a short list of the row's top tokens and
 draws the token itself (4 launches). The rows it leaves unsettled go through
 kernels/sampling_filter.py (a radix select over many programs per row, one launch over a
@@ -29,6 +30,7 @@ import triton
 import triton.language as tl
 
 from kernels import sampling_candidates, sampling_filter
+from kernels.device import dependent_launch
 from kernels.philox import row_uniform
 from kernels.sampling_rows import (chunk_mass, crossing, kept, load_partials, merged_mass, release, row_params,
                                    scaled_chunk, wait_for)
@@ -36,8 +38,9 @@ from kernels.sampling_rows import (chunk_mass, crossing, kept, load_partials, me
 # _BLOCK fixes the order of every floating-point sum (logsumexp, log_softmax, the
 # sampler's masses, the top-p masses that decide the kept set), so changing it
 # changes low bits and KERNEL_VERSION must move with it. _CHUNKS (chunks per
-# program; H100, V = 152064: 2 measured faster than 4 or 8) only shapes the launch,
-# except in sampling_filter, whose per-part top-p mass bins it groups. _WARPS moves
+# program; H100, V = 152064: 2 measured faster than 4 or 8; the sampler's pass 1 takes
+# one) only shapes the launch, except in sampling_filter, whose per-part top-p mass bins
+# it groups. _WARPS moves
 # bits like _BLOCK: it sets how a chunk's tokens spread over threads, and with that
 # the tree of each chunk's sum.
 _BLOCK = 4096
@@ -242,59 +245,63 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _sample_partial_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, where_ptr,
-                           V, C, BLOCK: tl.constexpr, CHUNKS: tl.constexpr):
-    """Per chunk of a row: the max score and, for sampled rows, the chunk's mass; for greedy
+                           V, C, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """One chunk of a row: the max score and, for sampled rows, the chunk's mass; for greedy
     rows, the lowest id holding the max instead."""
-    part = tl.program_id(0)
+    if PDL:
+        # The pick may launch once every program here has started; it waits for their stores.
+        tl.extra.cuda.gdc_launch_dependents()
+    c = tl.program_id(0)
     row = tl.program_id(1)
-    base = x_ptr + row.to(tl.int64) * stride
     greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
-    offs = tl.arange(0, BLOCK)
-    for c in range(part * CHUNKS, tl.minimum(part * CHUNKS + CHUNKS, C)):
-        ids = c * BLOCK + offs
-        # Unscaled -0.0 is harmless here: -0.0 and 0.0 compare equal and have the same exp.
-        x = tl.load(base + ids, mask=ids < V, other=float("-inf")).to(tl.float32)
-        if greedy:
-            top = tl.max(x, axis=0)
-            tl.store(m_ptr + row * C + c, top)
-            tl.store(where_ptr + row * C + c, tl.min(tl.where((ids < V) & (x == top), ids, V), axis=0))
-        else:
-            top, mass = chunk_mass(x * inverse)
-            tl.store(m_ptr + row * C + c, top)
-            tl.store(z_ptr + row * C + c, mass)
+    ids = c * BLOCK + tl.arange(0, BLOCK)
+    # Unscaled -0.0 is harmless here: -0.0 and 0.0 compare equal and have the same exp.
+    x = tl.load(x_ptr + row.to(tl.int64) * stride + ids, mask=ids < V, other=float("-inf")).to(tl.float32)
+    if greedy:
+        top = tl.max(x, axis=0)
+        tl.store(m_ptr + row * C + c, top)
+        tl.store(where_ptr + row * C + c, tl.min(tl.where((ids < V) & (x == top), ids, V), axis=0))
+    else:
+        top, mass = chunk_mass(x * inverse)
+        tl.store(m_ptr + row * C + c, top)
+        tl.store(z_ptr + row * C + c, mass)
 
 
 @triton.jit
 def _sample_pick_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, top_k_ptr, top_p_ptr, bound_ptr,
                         m_ptr, z_ptr, where_ptr, settled_ptr, out_ptr, V, C, BLOCK: tl.constexpr, CP: tl.constexpr,
-                        FILTERED: tl.constexpr):
+                        FILTERED: tl.constexpr, PDL: tl.constexpr):
     """One program per row: the token, and the row's kept-set bounds (for tests). Greedy rows
     merge the argmax partials; sampled rows invert the CDF over the chunk partials, which for
     a top-k / top-p row sampling_filter has replaced by its kept set's (only when FILTERED:
     otherwise no row filters). Rows sampling_candidates settled already have both."""
     row = tl.program_id(0)
+    seed = tl.load(seed_ptr + row)
+    step = tl.load(step_ptr + row)
     greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # pass 1's partials
+    # What every row reads whatever its parameters, loaded with them: one memory trip, not two.
+    i = tl.arange(0, CP)
+    m, z = load_partials(m_ptr + row * C, z_ptr + row * C, C, CP)
+    where = tl.load(where_ptr + row * C + i, mask=i < C, other=V)
     if FILTERED:
         if (k_on | p_on) & (tl.load(settled_ptr + row) != 0):
             return
     base = x_ptr + row.to(tl.int64) * stride
-    i = tl.arange(0, CP)
     threshold = tl.full([], -2147483648, tl.int32)
     cut = V
     if greedy:
-        best = tl.load(m_ptr + row * C + i, mask=i < C, other=float("-inf"))
-        where = tl.load(where_ptr + row * C + i, mask=i < C, other=V)
-        token = tl.min(tl.where(best == tl.max(best, axis=0), where, V), axis=0)
+        token = tl.min(tl.where(m == tl.max(m, axis=0), where, V), axis=0)
     else:
         if FILTERED:
             if k_on | p_on:
                 threshold = tl.load(bound_ptr + row * 2)
-                cut = tl.max(tl.load(where_ptr + row * C + i, mask=i < C, other=-1), axis=0)
-        m, z = load_partials(m_ptr + row * C, z_ptr + row * C, C, CP)
+                cut = tl.max(tl.where(i < C, where, -1), axis=0)
         ref, w, _ = merged_mass(m, z)
         running = tl.cumsum(w, axis=0)
         # Sums of non-negative terms only grow: the last running sum is the largest.
-        target = row_uniform(tl.load(seed_ptr + row), tl.load(step_ptr + row)) * tl.max(running, axis=0)
+        target = row_uniform(seed, step) * tl.max(running, axis=0)
         # The first chunk whose running mass passes the target; if rounding leaves it
         # unreached, the last chunk with any mass.
         c = tl.min(tl.where(running > target, i, CP), axis=0)
@@ -309,6 +316,13 @@ def _sample_pick_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, top_k_ptr, 
     tl.store(bound_ptr + row * 2 + 1, cut)
 
 
+def pass1_registers(element_size: int) -> int | None:
+    """The sampler's pass 1 register cap. For 2-byte logits, 32 (no spills on sm_90) lets 8
+    programs share an SM, all its 64 warps: 1.04x at B = 256 (H100). 4-byte ones carry twice
+    the bytes a program and measured 1-3% slower capped."""
+    return 32 if element_size < 4 else None
+
+
 def _sample(x: torch.Tensor, seeds, steps, temperature, top_k, top_p, filtered: bool):
     batch, vocab = x.shape
     device = x.device
@@ -319,9 +333,13 @@ def _sample(x: torch.Tensor, seeds, steps, temperature, top_k, top_p, filtered: 
     m, z = _partial_buffers(batch, chunks, device)
     where = torch.empty((batch, chunks), dtype=torch.int32, device=device)
     # Exact IEEE products and sums (no fused multiply-add), as in the torch reference.
-    _sample_partial_kernel[(triton.cdiv(chunks, per_program), batch)](
-        x, x.stride(0), *params, m, z, where, vocab, chunks, BLOCK=block, CHUNKS=per_program, num_warps=_WARPS,
-        enable_fp_fusion=False)
+    # A chunk a program: as fast as two at B = 256 (H100), faster below, where two leave SMs idle.
+    # Unfiltered, the pick launches while pass 1's last programs run (programmatic dependent
+    # launch) and waits for their stores.
+    pdl = not filtered and dependent_launch(device)
+    _sample_partial_kernel[(chunks, batch)](x, x.stride(0), *params, m, z, where, vocab, chunks, BLOCK=block, PDL=pdl,
+                                           num_warps=_WARPS, maxnreg=pass1_registers(x.element_size()),
+                                           enable_fp_fusion=False)
     out = torch.empty(batch, dtype=torch.int64, device=device)
     bound = torch.empty((batch, 2), dtype=torch.int32, device=device)
     seeds = seeds.to(device=device, dtype=torch.int64).contiguous()
@@ -333,7 +351,8 @@ def _sample(x: torch.Tensor, seeds, steps, temperature, top_k, top_p, filtered: 
         sampling_filter.kept_partials(x, params, m, z, work, where, bound, block, per_program, chunks_p2)
     _sample_pick_kernel[(batch,)](
         x, x.stride(0), seeds, steps, *params, bound, m, z, where, settled, out, vocab, chunks,
-        BLOCK=block, CP=chunks_p2, FILTERED=filtered, num_warps=_WARPS, enable_fp_fusion=False)
+        BLOCK=block, CP=chunks_p2, FILTERED=filtered, PDL=pdl, num_warps=_WARPS, launch_pdl=pdl,
+        enable_fp_fusion=False)
     return out, bound, settled
 
 

@@ -21,7 +21,8 @@ def small_splits(monkeypatch):
     """Under the interpreter, shrink the chunk size so that a small V still spans several chunks and
     programs, take the radix select's digits 8 bits at a time (4 rounds: half the launches) with
     programs that each loop over several listed rows, and cap the candidate lists at 64 so that
-    rows take both top-k / top-p paths and both settles."""
+    rows take both top-k / top-p paths and both settles; the histogram keeps a shallowest bucket per
+    16 tokens, so that gather programs read some tiles of a row, several rounds each."""
     if not torch.cuda.is_available():
         for name, value in {"_BLOCK": 128, "_CHUNKS": 2}.items():
             monkeypatch.setattr(sampling_triton, name, value)
@@ -30,7 +31,7 @@ def small_splits(monkeypatch):
         monkeypatch.setattr(sampling_filter, "_ROWS", 3)
         monkeypatch.setattr(sampling_candidates, "_CAP", 64)
         monkeypatch.setattr(sampling_candidates, "_SMALL", 16)
-        monkeypatch.setattr(sampling_candidates, "_GATHER_TILE", 64)
+        monkeypatch.setattr(sampling_candidates, "_TILE", 16)
 
 
 def _params(gen, n, device, greedy_every=5):
@@ -406,3 +407,16 @@ def test_real_vocab_invariance_and_reference(gpu, gen, dtype):
     assert torch.allclose(results["lsm"].double(), exact, atol=1e-4, rtol=1e-5)
     assert torch.equal(sampling_triton.row_uniforms(args[0], args[1]).cpu(),
                        philox.row_uniform_reference(args[0].cpu(), args[1].cpu()))
+
+
+def test_dependent_launch_changes_no_token(gpu, gen, monkeypatch):
+    """Unfiltered, the pick launches while pass 1 still runs (sm_90+) and waits for its partials:
+    the same tokens as launching it after pass 1 ends."""
+    batch = 256
+    x = (torch.randn(batch, QWEN_VOCAB, generator=gen) * 4).to("cuda", torch.bfloat16)
+    seeds, steps, temperature, _, _ = _params(gen, batch, "cuda")
+    off = (torch.zeros(batch, dtype=torch.int32, device="cuda"), torch.ones(batch, device="cuda"))
+    overlapped = [sampling.sample(x, seeds + i, steps, temperature, *off, filtered=False) for i in range(4)]
+    monkeypatch.setattr(sampling_triton, "dependent_launch", lambda device: False)
+    for i, tokens in enumerate(overlapped):
+        assert torch.equal(tokens, sampling.sample(x, seeds + i, steps, temperature, *off, filtered=False))
