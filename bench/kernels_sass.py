@@ -54,7 +54,7 @@ _CANDIDATES = {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS, "CP": 64, "STEP": sc._S
 KERNELS = (
     ("sample pass 1", st._sample_partial_kernel, {"BLOCK": st._BLOCK, "PDL": True},
      lambda dtype: {"num_warps": st._WARPS, "enable_fp_fusion": False,
-                    "maxnreg": st.pass1_registers(2 if dtype == "bf16" else 4)}),
+                    "maxnreg": st._pass1_registers(2 if dtype == "bf16" else 4)}),
     ("sample pick (filtered batch)", st._sample_pick_kernel, {"BLOCK": st._BLOCK, "CP": 64, "FILTERED": True,
                                                              "PDL": False},
      {"num_warps": st._WARPS, "enable_fp_fusion": False}),

@@ -40,9 +40,8 @@ from kernels.sampling_rows import (chunk_mass, crossing, kept, load_partials, me
 # changes low bits and KERNEL_VERSION must move with it. _CHUNKS (chunks per
 # program; H100, V = 152064: 2 measured faster than 4 or 8; the sampler's pass 1 takes
 # one) only shapes the launch, except in sampling_filter, whose per-part top-p mass bins
-# it groups. _WARPS moves
-# bits like _BLOCK: it sets how a chunk's tokens spread over threads, and with that
-# the tree of each chunk's sum.
+# it groups. _WARPS moves bits like _BLOCK: it sets how a chunk's tokens spread over
+# threads, and with that the tree of each chunk's sum.
 _BLOCK = 4096
 _CHUNKS = 2
 _WARPS = 8
@@ -281,7 +280,7 @@ def _sample_pick_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, top_k_ptr, 
     greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
     if PDL:
         tl.extra.cuda.gdc_wait()  # pass 1's partials
-    # What every row reads whatever its parameters, loaded with them: one memory trip, not two.
+    # What every row reads, loaded before the greedy test on its parameters: one trip, not two.
     i = tl.arange(0, CP)
     m, z = load_partials(m_ptr + row * C, z_ptr + row * C, C, CP)
     where = tl.load(where_ptr + row * C + i, mask=i < C, other=V)
@@ -316,7 +315,7 @@ def _sample_pick_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, top_k_ptr, 
     tl.store(bound_ptr + row * 2 + 1, cut)
 
 
-def pass1_registers(element_size: int) -> int | None:
+def _pass1_registers(element_size: int) -> int | None:
     """The sampler's pass 1 register cap. For 2-byte logits, 32 (no spills on sm_90) lets 8
     programs share an SM, all its 64 warps: 1.04x at B = 256 (H100). 4-byte ones carry twice
     the bytes a program and measured 1-3% slower capped."""
@@ -338,7 +337,7 @@ def _sample(x: torch.Tensor, seeds, steps, temperature, top_k, top_p, filtered: 
     # launch) and waits for their stores.
     pdl = not filtered and dependent_launch(device)
     _sample_partial_kernel[(chunks, batch)](x, x.stride(0), *params, m, z, where, vocab, chunks, BLOCK=block, PDL=pdl,
-                                           num_warps=_WARPS, maxnreg=pass1_registers(x.element_size()),
+                                           num_warps=_WARPS, maxnreg=_pass1_registers(x.element_size()),
                                            enable_fp_fusion=False)
     out = torch.empty(batch, dtype=torch.int64, device=device)
     bound = torch.empty((batch, 2), dtype=torch.int32, device=device)
