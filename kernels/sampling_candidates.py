@@ -83,7 +83,7 @@ def _key_and_id(entry):
 
 @triton.jit
 def _histogram_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, hist_ptr, tile_ptr, V, C, P,
-                      TILES, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CP: tl.constexpr, SUB: tl.constexpr,
+                      BLOCK: tl.constexpr, CHUNKS: tl.constexpr, CP: tl.constexpr, SUB: tl.constexpr,
                       TILE: tl.constexpr, STEP: tl.constexpr, BUCKETS: tl.constexpr):
     p = tl.program_id(0)
     row = tl.program_id(1)
@@ -98,7 +98,7 @@ def _histogram_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_pt
             bucket = _bucket(scaled_chunk(base, start + tl.arange(0, SUB), V, inverse)[0], ref, STEP, BUCKETS)
             # Each tile's shallowest bucket: the gather reads only the tiles that reach its list.
             shallowest = tl.min(tl.reshape(bucket, [SUB // TILE, TILE]), axis=1)
-            tl.store(tile_ptr + row * TILES + start // TILE + t, shallowest)
+            tl.store(tile_ptr + row * P * (CHUNKS * BLOCK // TILE) + start // TILE + t, shallowest)
             # Only the listable buckets are binned; the last is the part's remainder. Where the
             # histogram is shared-memory atomics (Triton 3.9) most tokens would hit its one
             # counter; where it is ballots (3.6, measured) its cost grows with the bins instead.
@@ -148,7 +148,7 @@ def _choose_kernel(temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, hist_ptr, last_
 
 @triton.jit
 def _gather_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, last_ptr, next_ptr, tile_ptr,
-                   list_ptr, V, C, P, TILES, PART: tl.constexpr, CP: tl.constexpr, TILE: tl.constexpr,
+                   list_ptr, V, C, P, PART: tl.constexpr, CP: tl.constexpr, TILE: tl.constexpr,
                    ROUND: tl.constexpr, STEP: tl.constexpr, BUCKETS: tl.constexpr, CAP: tl.constexpr):
     p = tl.program_id(0)
     row = tl.program_id(1)
@@ -161,7 +161,7 @@ def _gather_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, 
         # The part's tiles that its list reaches (by the histogram's shallowest buckets), each
         # numbered by its rank among them; the others are never read.
         t = p * (PART // TILE) + tl.arange(0, PART // TILE)
-        reached = tl.load(tile_ptr + row * TILES + t) <= last
+        reached = tl.load(tile_ptr + row * P * (PART // TILE) + t) <= last
         rank = tl.where(reached, tl.cumsum(reached.to(tl.int32), axis=0) - 1, -1)
         k = tl.arange(0, ROUND)
         for first in range(0, tl.sum(reached.to(tl.int32), axis=0), ROUND):
@@ -324,8 +324,7 @@ def settle(x: torch.Tensor, seeds, steps, params, m, z, out, bound, block: int, 
     part = per_program * block
     sub = min(_HISTOGRAM_TILE, part)
     tile = min(_TILE, sub)
-    tiles = parts * (part // tile)
-    shallowest = torch.empty((batch, tiles), dtype=torch.int32, device=x.device)
+    shallowest = torch.empty((batch, parts * (part // tile)), dtype=torch.int32, device=x.device)
     last = torch.empty(batch, dtype=torch.int32, device=x.device)
     size = torch.empty_like(last)
     next_slot = torch.empty((batch, parts), dtype=torch.int32, device=x.device)
@@ -333,13 +332,13 @@ def settle(x: torch.Tensor, seeds, steps, params, m, z, out, bound, block: int, 
     settled = torch.empty_like(last)
     work = torch.empty(1 + batch, dtype=torch.int32, device=x.device)
     shape = dict(CP=chunks_p2, STEP=_STEP, BUCKETS=_BUCKETS, num_warps=_WARPS)
-    _histogram_kernel[(parts, batch)](x, x.stride(0), *params, m, z, hist, shallowest, vocab, chunks, parts, tiles,
+    _histogram_kernel[(parts, batch)](x, x.stride(0), *params, m, z, hist, shallowest, vocab, chunks, parts,
                                       BLOCK=block, CHUNKS=per_program, SUB=sub, TILE=tile, **shape)
     _choose_kernel[(batch,)](*params, m, z, hist, last, size, next_slot, work, vocab, chunks, parts, CP=chunks_p2,
                              PP=max(2, triton.next_power_of_2(parts)), STEP=_STEP, BUCKETS=_BUCKETS, CAP=_CAP,
                              num_warps=_WARPS)
     _gather_kernel[(parts, batch)](x, x.stride(0), *params, m, z, last, next_slot, shallowest, entries, vocab, chunks,
-                                   parts, tiles, PART=part, TILE=tile, ROUND=_ROUND, CAP=_CAP, **shape)
+                                   parts, PART=part, TILE=tile, ROUND=_ROUND, CAP=_CAP, **shape)
     _settle_kernel[(batch,)](seeds, steps, *params, m, z, entries, size, out, bound, settled, work, vocab, chunks,
                              CP=chunks_p2, CAP=_CAP, SMALL=min(_SMALL, _CAP), num_warps=_WARPS,
                              enable_fp_fusion=False)
