@@ -47,7 +47,8 @@ ARG_TYPES = {  # name -> Triton type, for every argument name the sampling kerne
 }
 _BINS = 1 << sf._BITS
 _FILTER = {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS, "CP": 64, "PP": 32, "BINS": _BINS, "BITS": sf._BITS, "ROWS": 1}
-_CANDIDATES = {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS, "CP": 64, "STEP": sc._STEP, "BUCKETS": sc._BUCKETS}
+_LIST = {"CP": 64, "STEP": sc._STEP, "BUCKETS": sc._BUCKETS}  # what every candidate-list kernel but the settle takes
+_CANDIDATES = {**_LIST, "BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS}
 # (name, kernel, constexprs, launch options or a function of the dtype giving them), sizes as the
 # wrappers pick them at V = 152064
 KERNELS = (
@@ -59,12 +60,9 @@ KERNELS = (
      {"num_warps": st._WARPS, "enable_fp_fusion": False}),
     ("top-k/top-p histogram", sc._histogram_kernel, {**_CANDIDATES, "SUB": sc._HISTOGRAM_TILE, "TILE": sc._TILE},
      {"num_warps": sc._WARPS}),
-    ("top-k/top-p choose", sc._choose_kernel, {"CP": 64, "PP": 32, "STEP": sc._STEP, "BUCKETS": sc._BUCKETS,
-                                               "CAP": sc._CAP}, {"num_warps": sc._WARPS}),
-    ("top-k/top-p gather", sc._gather_kernel, {"CP": 64, "STEP": sc._STEP, "BUCKETS": sc._BUCKETS, "CAP": sc._CAP,
-                                           "PART": st._CHUNKS * st._BLOCK, "TILE": sc._TILE,
-                                           "ROUND": sc._ROUND},
-     {"num_warps": sc._WARPS}),
+    ("top-k/top-p choose", sc._choose_kernel, {**_LIST, "PP": 32, "CAP": sc._CAP}, {"num_warps": sc._WARPS}),
+    ("top-k/top-p gather", sc._gather_kernel, {**_LIST, "CAP": sc._CAP, "PART": st._CHUNKS * st._BLOCK,
+                                               "TILE": sc._TILE, "ROUND": sc._ROUND}, {"num_warps": sc._WARPS}),
     ("top-k/top-p settle", sc._settle_kernel, {"CP": 64, "CAP": sc._CAP, "SMALL": sc._SMALL},
      {"num_warps": sc._WARPS, "enable_fp_fusion": False}),
     ("top-k/top-p radix select", sf._select_kernel, {**_FILTER, "SUB": sf._SUB, "ROUNDS": 32 // sf._BITS},

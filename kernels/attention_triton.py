@@ -503,7 +503,7 @@ def paged_attention_triton(
     h_kv = k_cache.shape[2]
     G = H // h_kv
     assert H % h_kv == 0 and block_m % G == 0, f"GQA group {G} must divide {block_m}"
-    assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    assert q.stride(2) == 1 and k_cache.stride(3) == 1
     # One address per KV element serves K and V; the row max is taken before the scaling (_scores).
     assert k_cache.stride() == v_cache.stride(), "K and V caches must share their layout"
     assert scale > 0, "the softmax scale must be positive"
