@@ -420,3 +420,22 @@ def test_dependent_launch_changes_no_token(gpu, gen, monkeypatch):
     monkeypatch.setattr(sampling_triton, "dependent_launch", lambda device: False)
     for i, tokens in enumerate(overlapped):
         assert torch.equal(tokens, sampling.sample(x, seeds + i, steps, temperature, *off, filtered=False))
+
+
+def test_long_kept_sets_do_not_depend_on_batch(gpu, gen):
+    """Rows whose kept sets pass the candidate list's cap go through the radix select, several
+    listed rows a program at this batch: each row's bounds and token equal those it gets alone."""
+    batch = 200
+    x = (torch.randn(batch, QWEN_VOCAB, generator=gen) * 4).to("cuda", torch.bfloat16)
+    seeds, steps, temperature, _, _ = _params(gen, batch, "cuda", greedy_every=batch + 1)
+    top_k = torch.randint(5000, 30000, (batch,), generator=gen, dtype=torch.int32).cuda()
+    top_k[::2] = 0
+    top_p = torch.where(top_k == 0, 0.999, 1.0).cuda()
+    bounds = sampling_triton.kept_bounds(x, temperature, top_k, top_p)
+    tokens = sampling.sample(x, seeds, steps, temperature, top_k, top_p)
+    assert (bounds[top_k > 0, 2] == 0).all()  # top-k past the cap: none settled by the candidate list
+    for row in (0, 37, 101, 150, 199):
+        one = slice(row, row + 1)
+        assert torch.equal(bounds[one], sampling_triton.kept_bounds(x[one], temperature[one], top_k[one], top_p[one]))
+        assert torch.equal(tokens[one], sampling.sample(x[one], seeds[one], steps[one], temperature[one], top_k[one],
+                                                        top_p[one]))
