@@ -45,8 +45,13 @@ async def watch(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        for task in tasks:
-            task.cancel()
+        # Asked again until each ends: before Python 3.12 a timeout wrapper inside a Redis or
+        # HTTP call can swallow a cancel that lands as it completes, and the loop would run on
+        # (seen once in CI: a canary loop outlived its gateway and probed 328 times).
+        while pending := [task for task in tasks if not task.done()]:
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=0.1)
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
