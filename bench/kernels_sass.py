@@ -48,7 +48,6 @@ ARG_TYPES = {  # name -> Triton type, for every argument name the sampling kerne
 _BINS = 1 << sf._BITS
 _FILTER = {"BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS, "CP": 64, "PP": 32, "BINS": _BINS, "BITS": sf._BITS, "ROWS": 1}
 _LIST = {"CP": 64, "STEP": sc._STEP, "BUCKETS": sc._BUCKETS}  # what every candidate-list kernel but the settle takes
-_CANDIDATES = {**_LIST, "BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS}
 # (name, kernel, constexprs, launch options or a function of the dtype giving them), sizes as the
 # wrappers pick them at V = 152064
 KERNELS = (
@@ -58,7 +57,8 @@ KERNELS = (
     ("sample pick (filtered batch)", st._sample_pick_kernel, {"BLOCK": st._BLOCK, "CP": 64, "FILTERED": True,
                                                              "PDL": False},
      {"num_warps": st._WARPS, "enable_fp_fusion": False}),
-    ("top-k/top-p histogram", sc._histogram_kernel, {**_CANDIDATES, "SUB": sc._HISTOGRAM_TILE, "TILE": sc._TILE},
+    ("top-k/top-p histogram", sc._histogram_kernel,
+     {**_LIST, "BLOCK": st._BLOCK, "CHUNKS": st._CHUNKS, "SUB": sc._HISTOGRAM_TILE, "TILE": sc._TILE},
      {"num_warps": sc._WARPS}),
     ("top-k/top-p choose", sc._choose_kernel, {**_LIST, "PP": 32, "CAP": sc._CAP}, {"num_warps": sc._WARPS}),
     ("top-k/top-p gather", sc._gather_kernel, {**_LIST, "CAP": sc._CAP, "PART": st._CHUNKS * st._BLOCK,

@@ -8,9 +8,14 @@ import torch
 import triton.language.extra.cuda as triton_cuda
 
 
+def _index(device: torch.device) -> int:
+    # An index-less CUDA device means the current one.
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (an index-less device means the current one)."""
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    """Streaming multiprocessors of a CUDA device."""
+    return _sm_count(_index(device))
 
 
 @functools.lru_cache(maxsize=None)
@@ -21,8 +26,7 @@ def _sm_count(index: int) -> int:
 def dependent_launch(device: torch.device) -> bool:
     """Whether a kernel may launch before the one ahead of it ends (programmatic dependent launch:
     sm_90 and later, and a Triton that has griddepcontrol)."""
-    return device.type == "cuda" and _dependent_launch(device.index if device.index is not None
-                                                       else torch.cuda.current_device())
+    return device.type == "cuda" and _dependent_launch(_index(device))
 
 
 @functools.lru_cache(maxsize=None)
