@@ -1,8 +1,9 @@
 """Digests of every invariant kernel's output on fixed inputs, to compare GPUs bit for bit.
 
 Inputs come from a CPU generator with a fixed seed, so every machine feeds the kernels the
-same bits; the script prints one sha256 per (op, shape) and writes them as JSON. Run it on
-two GPUs and diff the files: equal digests mean bit-identical results across the chips.
+same bits; the script prints one sha256 per (op, shape) and writes them as JSON, with the
+toolchain that compiled the kernels. Run it on two GPUs, or on one GPU under two Tritons, and
+diff the files: equal digests mean bit-identical results across the chips (or compilers).
 
     python3 bench/cross_gpu_hashes.py --out bench/results/hashes_h100.json
     python3 bench/cross_gpu_hashes.py --compare hashes_h100.json hashes_h200.json hashes_cpu_reference.json
@@ -89,7 +90,8 @@ def sampling() -> dict[str, str]:
 
 def compare(paths: list[str]) -> str:
     runs = [json.load(open(path)) for path in paths]
-    names = [run["device"] for run in runs]
+    # The same chip under two compilers is two columns: name the toolchain where a run recorded it.
+    names = [run["device"] + (f" ({run['toolchain']})" if "toolchain" in run else "") for run in runs]
     lines = [f"| op | {' | '.join(names)} | {names[0]} == {names[1]} | {names[0]} == {names[-1]} |",
              "|---" * (len(runs) + 3) + "|"]
     agree = 0
@@ -117,12 +119,13 @@ def main() -> None:
         parser.error("--out or --compare is required")
     kernels.set_mode("invariant")
     result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
-              "kernel_version": kernels.KERNEL_VERSION, "digests": {}}
+              "toolchain": kernels.toolchain(torch.device(DEVICE)), "kernel_version": kernels.KERNEL_VERSION,
+              "digests": {}}
     for part in (matmuls, norms, attention, sampling):
         result["digests"].update(part())
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"{result['device']}  torch {result['torch']}")
+    print(f"{result['device']}  {result['toolchain']}")
     for name, value in result["digests"].items():
         print(f"{name:40s} {value}")
 

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import sampling_candidates as sc  # noqa: E402
 from kernels import sampling_filter as sf  # noqa: E402
 from kernels import sampling_triton as st  # noqa: E402
+from kernels.toolchain import FP_FUSION  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 NV_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -101,7 +102,8 @@ def compile_sm90(kernel, dtype: str, constexprs: dict, options: dict) -> bytes:
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if signature[n].startswith("*") or n in ("stride", "V")}
     source = ASTSource(kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=TARGET, options=options).asm["cubin"]
+    # FMA contraction as the launches name it where a kernel leaves it to the toolchain
+    return triton.compile(source, target=TARGET, options={"enable_fp_fusion": FP_FUSION, **options}).asm["cubin"]
 
 
 def count(cubin: bytes) -> dict:

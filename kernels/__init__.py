@@ -7,17 +7,19 @@ Public API (everything else in detgate relies only on these names):
   store_kv / paged_attention         paged KV cache write and causal attention
   log_softmax / logsumexp / argmax / sample
   set_mode / get_mode / mode         "invariant" | "standard"
+  toolchain(device)                  the compiler versions that, with KERNEL_VERSION, fix the bits
 """
 from kernels.mode import get_mode, mode, set_mode
 from kernels.matmul import matmul
 from kernels.norm import rms_norm, rms_norm_residual
 from kernels.attention import paged_attention, store_kv
 from kernels.sampling import argmax, log_softmax, logsumexp, sample
+from kernels.toolchain import toolchain
 
 # Bump whenever a reduction order changes (e.g. matmul BLOCK_K): that changes output bits.
 KERNEL_VERSION = "6"
 
 __all__ = [
     "KERNEL_VERSION", "argmax", "get_mode", "log_softmax", "logsumexp", "matmul", "mode",
-    "paged_attention", "rms_norm", "rms_norm_residual", "sample", "set_mode", "store_kv",
+    "paged_attention", "rms_norm", "rms_norm_residual", "sample", "set_mode", "store_kv", "toolchain",
 ]

@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from kernels.device import sm_count
+from kernels.toolchain import FP_FUSION
 
 # The constants that fix every row's summation order: changing any of them changes output
 # bits, so they are part of the kernel version.
@@ -479,7 +480,7 @@ def store_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         H_KV=h_kv, BLOCK_H=triton.next_power_of_2(h_kv), D=D, BLOCK_D=triton.next_power_of_2(D),
-        PAGE=k_cache.shape[1],
+        PAGE=k_cache.shape[1], enable_fp_fusion=FP_FUSION,
     )
 
 
@@ -517,7 +518,7 @@ def paged_attention_triton(
     else:
         cu_tiles = torch.empty(S + 1, dtype=torch.int32, device=q.device)
         _tile_offsets_kernel[(1,)](cu_seqlens_q, kv_lens, cu_tiles, S,
-                                   BLOCK_Q=block_q, BLOCK_S=triton.next_power_of_2(S + 1))
+                                   BLOCK_Q=block_q, BLOCK_S=triton.next_power_of_2(S + 1), enable_fp_fusion=FP_FUSION)
         # Upper bound on the number of position-aligned query tiles, known on the host: no device sync.
         n_tiles = min(S * (triton.cdiv(max_q_len, block_q) + 1), T // block_q + 2 * S)
     assert (WIDE_FROM - BAND_TILES) % CHUNK_TILES == 0, "chunks must end where the wide splits begin"
@@ -561,7 +562,7 @@ def paged_attention_triton(
         D=D, BLOCK_D=BLOCK_D, G=G, PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=BLOCK_N,
         BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, SPLIT=bool(split_per_program),
         DECODE=decode_only, num_warps=num_warps,
-        num_stages=DECODE_STAGES if max_q_len <= block_q else NUM_STAGES,
+        num_stages=DECODE_STAGES if max_q_len <= block_q else NUM_STAGES, enable_fp_fusion=FP_FUSION,
     )
     if split_per_program:
         if not q.is_cuda:
@@ -577,5 +578,6 @@ def paged_attention_triton(
             H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=rows, CHUNK_D=chunk_d,
             UNROLL=min(max_unroll, triton.next_power_of_2(n_splits)), DECODE_ONLY=decode_only, BLOCK_N=BLOCK_N,
             BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, num_warps=warps,
+            enable_fp_fusion=FP_FUSION,
         )
     return o

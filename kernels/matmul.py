@@ -22,6 +22,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.device import sm_count
+from kernels.toolchain import FP_FUSION
 from kernels.mode import get_mode, use_triton
 
 # The only constant that fixes the summation order over K. Changing it changes
@@ -219,7 +220,7 @@ def _launch_tma(a, b, bias, c, block_m, block_n, block_k, warps, stages):
         M, N, K,
         HAS_BIAS=bias is not None, B_KMAJOR=b_kmajor, IEEE=a.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
-        num_warps=warps, num_stages=stages,
+        num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION,
     )
 
 
@@ -233,7 +234,7 @@ def _launch_pointer(a, b, bias, c, block_m, block_n, block_k, warps, stages):
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0, IEEE=a.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
-        num_warps=warps, num_stages=stages,
+        num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION,
     )
 
 

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.mode import get_mode, use_triton
+from kernels.toolchain import FP_FUSION
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -90,6 +91,7 @@ def _rms_norm_triton(
         x, res, weight, out, res_dst,
         H, x.stride(0), res.stride(0), out.stride(0), res_dst.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, num_warps=_warps(block_h),
+        enable_fp_fusion=FP_FUSION,
     )
     return out, res_out
 

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from kernels.philox import row_uniform
 from kernels.sampling_rows import from_order_key, load_partials, merged_mass, order_key, row_params, scaled_chunk
+from kernels.toolchain import FP_FUSION
 
 # _STEP and _BUCKETS choose which rows take this path, and so (by rounding) which path's
 # sums settle a row: buckets of 1/2 of a unit of scaled score, 16 units deep. 32 bins cost
@@ -168,7 +169,7 @@ def _gather_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, 
             # The tiles ranked first .. first + ROUND - 1, read at once.
             hit = rank[None, :] == first + k[:, None]
             tile = tl.sum(tl.where(hit, t[None, :], 0), axis=1)
-            ids = tl.where(tl.max(hit, axis=1)[:, None], tile[:, None] * TILE + tl.arange(0, TILE)[None, :], V)
+            ids = tl.where((tl.max(hit.to(tl.int32), axis=1) > 0)[:, None], tile[:, None] * TILE + tl.arange(0, TILE)[None, :], V)
             s, valid = scaled_chunk(base, ids, V, inverse)
             take = valid & (_bucket(s, ref, STEP, BUCKETS) <= last)
             # A slot per listed token from the part's own counter, which starts at the part's
@@ -331,12 +332,12 @@ def settle(x: torch.Tensor, seeds, steps, params, m, z, out, bound, block: int, 
     entries = torch.empty((batch, _CAP), dtype=torch.int64, device=x.device)
     settled = torch.empty_like(last)
     work = torch.empty(1 + batch, dtype=torch.int32, device=x.device)
-    shape = dict(CP=chunks_p2, STEP=_STEP, BUCKETS=_BUCKETS, num_warps=_WARPS)
+    shape = dict(CP=chunks_p2, STEP=_STEP, BUCKETS=_BUCKETS, num_warps=_WARPS, enable_fp_fusion=FP_FUSION)
     _histogram_kernel[(parts, batch)](x, x.stride(0), *params, m, z, hist, shallowest, vocab, chunks, parts,
                                       BLOCK=block, CHUNKS=per_program, SUB=sub, TILE=tile, **shape)
     _choose_kernel[(batch,)](*params, m, z, hist, last, size, next_slot, work, vocab, chunks, parts, CP=chunks_p2,
                              PP=max(2, triton.next_power_of_2(parts)), STEP=_STEP, BUCKETS=_BUCKETS, CAP=_CAP,
-                             num_warps=_WARPS)
+                             num_warps=_WARPS, enable_fp_fusion=FP_FUSION)
     _gather_kernel[(parts, batch)](x, x.stride(0), *params, m, z, last, next_slot, shallowest, entries, vocab, chunks,
                                    parts, PART=part, TILE=tile, ROUND=_ROUND, CAP=_CAP, **shape)
     _settle_kernel[(batch,)](seeds, steps, *params, m, z, entries, size, out, bound, settled, work, vocab, chunks,

@@ -126,7 +126,7 @@ async def healthz(request: web.Request):
     engine = request.app[ENGINE]
     alive = engine.alive
     body = {"status": "ok" if alive else "engine stopped", "model": request.app[MODEL_NAME],
-            "system_fingerprint": engine.fingerprint, "mode": engine.config.mode,
+            "system_fingerprint": engine.fingerprint, "toolchain": engine.toolchain, "mode": engine.config.mode,
             "prefix_caching": engine.prefix_caching, "max_batch": engine.max_batch, "last_error": engine.last_error}
     return json_response(body, 200 if alive else 503)
 

@@ -59,8 +59,9 @@ def device_arch(device: torch.device) -> str:
     return f"sm_{major}{minor}"
 
 
-def fingerprint(weights_digest: str, mode: str, dtype: torch.dtype, arch: str) -> str:
-    parts = "|".join([weights_digest, kernels.KERNEL_VERSION, mode, str(dtype), arch])
+def fingerprint(weights_digest: str, mode: str, dtype: torch.dtype, arch: str, toolchain: str) -> str:
+    # Everything that fixes the bits: the same kernels built by another Triton sum in another order.
+    parts = "|".join([weights_digest, kernels.KERNEL_VERSION, mode, str(dtype), arch, toolchain])
     return "fp_" + hashlib.blake2b(parts.encode(), digest_size=8).hexdigest()
 
 
@@ -98,7 +99,8 @@ class Engine:
         self.eos_token_ids = frozenset(eos)
         self.max_model_len = min(config.max_model_len, cfg.max_position_embeddings)
         weights, digest = load_weights(config.model, cfg, str(self.device), self.dtype)
-        self.fingerprint = fingerprint(digest, config.mode, self.dtype, device_arch(self.device))
+        self.toolchain = kernels.toolchain(self.device)
+        self.fingerprint = fingerprint(digest, config.mode, self.dtype, device_arch(self.device), self.toolchain)
         model = Llama(cfg, weights, self.max_model_len)
         self.num_blocks = kv_block_count(config, cfg, self.device, self.dtype)
         self.runner = ModelRunner(model, self.num_blocks, config.block_size, self.max_model_len,

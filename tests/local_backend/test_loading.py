@@ -47,12 +47,14 @@ def test_fused_weights_match_the_checkpoint(checkpoints):
 
 
 def test_fingerprint_changes_with_every_input():
-    base = fingerprint("w1", "invariant", torch.bfloat16, "sm_90")
-    others = [fingerprint("w2", "invariant", torch.bfloat16, "sm_90"),
-              fingerprint("w1", "standard", torch.bfloat16, "sm_90"),
-              fingerprint("w1", "invariant", torch.float32, "sm_90"),
-              fingerprint("w1", "invariant", torch.bfloat16, "cpu")]
-    assert len({base, *others}) == 5 and base == fingerprint("w1", "invariant", torch.bfloat16, "sm_90")
+    tools = "torch 2.11.0, triton 3.6.0, cuda 13.0, ptxas 12.8"
+    base = fingerprint("w1", "invariant", torch.bfloat16, "sm_90", tools)
+    others = [fingerprint("w2", "invariant", torch.bfloat16, "sm_90", tools),
+              fingerprint("w1", "standard", torch.bfloat16, "sm_90", tools),
+              fingerprint("w1", "invariant", torch.float32, "sm_90", tools),
+              fingerprint("w1", "invariant", torch.bfloat16, "cpu", tools),
+              fingerprint("w1", "invariant", torch.bfloat16, "sm_90", tools.replace("triton 3.6.0", "triton 3.9.0"))]
+    assert len({base, *others}) == 6 and base == fingerprint("w1", "invariant", torch.bfloat16, "sm_90", tools)
 
 
 def test_unsupported_architecture_is_refused(tmp_path):

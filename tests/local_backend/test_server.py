@@ -8,6 +8,8 @@ import openai
 import pytest
 import torch
 
+import kernels
+
 from conftest import Server, metric
 from local_backend.tokenizer import Tokenizer
 from reference import ReferenceModel
@@ -191,6 +193,7 @@ async def test_metrics_and_health(qwen3):
         async with http.get(qwen3.url + "/metrics") as r:
             text = await r.text()
     assert health["system_fingerprint"].startswith("fp_") and health["mode"] == "invariant"
+    assert health["toolchain"] == kernels.toolchain(torch.device("cpu"))
     for name in ("detgate_backend_requests_total{status=\"200\"}", "detgate_backend_prompt_tokens_total",
                  "detgate_backend_generation_tokens_total", "detgate_backend_batch_size_bucket",
                  "detgate_backend_kv_blocks_used", "detgate_backend_kv_blocks_total", "detgate_backend_queue_depth",
