@@ -2,6 +2,8 @@
 # The backend image: CUDA PyTorch (which brings Triton) plus the backend's other
 # dependencies. Build from the repository root: docker build -f deploy/backend.Dockerfile .
 # TORCH_IMAGE picks the CUDA/PyTorch pair; the driver on the host must support its CUDA.
+# It also picks the Triton that compiles the kernels, and with it their bits: another image
+# serves under another system_fingerprint (kernels/toolchain.py).
 ARG TORCH_IMAGE=pytorch/pytorch:2.8.0-cuda12.9-cudnn9-runtime
 FROM ${TORCH_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1

@@ -1,9 +1,9 @@
 """What turns the kernels' source into bits besides the source: the compiler stack.
 
 The same kernels on the same H100 gave 5 of 11 outputs with other bits under Triton 3.9
-than under 3.6 (bench/results/cross_gpu.md): 3.9 sums a thread's elements as a tree where
-3.6 chained them, and contracts other multiply-adds. So a result is reproducible for a
-(KERNEL_VERSION, toolchain) pair, and the backend's fingerprint names both.
+than under 3.6 (bench/results/cross_gpu.md): in a tl.sum, 3.9 adds a thread's elements as a
+tree where 3.6 chained them. So a result is reproducible for a (KERNEL_VERSION, toolchain)
+pair, and the backend's fingerprint names both.
 """
 from __future__ import annotations
 
