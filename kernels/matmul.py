@@ -22,8 +22,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.device import sm_count
-from kernels.toolchain import FP_FUSION
 from kernels.mode import get_mode, use_triton
+from kernels.toolchain import FP_FUSION
 
 # The only constant that fixes the summation order over K. Changing it changes
 # the bits of every output, so it is part of the kernel version.
