@@ -70,8 +70,10 @@ class FakeUpstream:
         self.rng = random.Random(self.noise.seed)
 
     def reset(self) -> None:
+        # New objects, not cleared ones: a call still sleeping from an earlier test (one left
+        # hanging on purpose) records into, and takes its behaviour from, that test's.
         self.behaviour = Behaviour()
-        self.calls.clear()
+        self.calls = []
         self.started = 0
 
     def app(self) -> web.Application:
@@ -85,11 +87,11 @@ class FakeUpstream:
 
     async def _begin(self, request: web.Request) -> tuple[dict, web.Response | None]:
         self.started += 1
+        calls, b = self.calls, self.behaviour
         body = orjson.loads(await request.read())
-        if self.behaviour.delay_s:
-            await asyncio.sleep(self.behaviour.delay_s)
-        self.calls.append((request.path, body))
-        b = self.behaviour
+        if b.delay_s:
+            await asyncio.sleep(b.delay_s)
+        calls.append((request.path, body))
         if b.fail_status is not None and (b.fail_times is None or b.fail_times > 0):
             if b.fail_times is not None:
                 b.fail_times -= 1
