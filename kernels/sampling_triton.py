@@ -31,10 +31,10 @@ import triton.language as tl
 
 from kernels import sampling_candidates, sampling_filter
 from kernels.device import dependent_launch
-from kernels.toolchain import FP_FUSION
 from kernels.philox import row_uniform
 from kernels.sampling_rows import (chunk_mass, crossing, kept, load_partials, merged_mass, release, row_params,
                                    scaled_chunk, wait_for)
+from kernels.toolchain import FP_FUSION
 
 # _BLOCK fixes the order of every floating-point sum (logsumexp, log_softmax, the
 # sampler's masses, the top-p masses that decide the kept set), so changing it
@@ -382,5 +382,5 @@ def row_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """The sampler's u per row, fp32 [B] (equal to philox.row_uniform_reference; exposed for tests)."""
     out = torch.empty(seeds.shape[0], dtype=torch.float32, device=seeds.device)
     _row_uniform_kernel[(seeds.shape[0],)](seeds.to(torch.int64).contiguous(), steps.to(torch.int64).contiguous(), out,
-                                               enable_fp_fusion=FP_FUSION)
+                                           enable_fp_fusion=FP_FUSION)
     return out
