@@ -51,7 +51,7 @@ def p_elects_usual(p: float, k: int) -> float:
 
 def wave_calls(answers: tuple[bool, ...], k: int) -> int:
     """Calls the gateway's wave rule makes when the i-th voter answers answers[i]
-    (gateway/vote_strategy.py: launch just enough voters that the leader could reach a
+    (gateway/strategies/voting.py: launch just enough voters that the leader could reach a
     majority; stop once one group has it or all k are in)."""
     launched = 0
     while launched < k:

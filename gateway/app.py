@@ -11,26 +11,26 @@ import aiohttp
 from aiohttp import web
 
 from gateway import handlers
-from gateway.auth import Tenants
+from gateway.ingress.auth import Tenants
 from gateway.config import Settings
-from gateway.entry import Sealer
-from gateway.logs import AccessLog
-from gateway.expect import expect_continue
-from gateway.header_safety import make_headers_safe
-from gateway.limits import TenantLimiter
-from gateway.memory_store import MemoryStore
-from gateway.metrics import Metrics
-from gateway.middlewares import errors, observe
-from gateway.near_cache import NearCache
-from gateway.prepare import PreparedMemo
-from gateway.redis_store import RedisStore
-from gateway.resilience import Resilience
-from gateway.singleflight import SingleFlight
+from gateway.cache.entry import Sealer
+from gateway.ops.logs import AccessLog
+from gateway.ingress.expect import expect_continue
+from gateway.ingress.header_safety import make_headers_safe
+from gateway.ingress.limits import TenantLimiter
+from gateway.cache.memory_store import MemoryStore
+from gateway.ops.metrics import Metrics
+from gateway.ingress.middlewares import errors, observe
+from gateway.cache.near_cache import NearCache
+from gateway.policy.prepare import PreparedMemo
+from gateway.cache.redis_store import RedisStore
+from gateway.upstream.resilience import Resilience
+from gateway.cache.singleflight import SingleFlight
 from gateway.state import ACCESS_LOG, GATEWAY, PREPARED, METRICS, SECRET, SETTINGS, TENANTS, Gateway
-from gateway.store import Store, StoreError
-from gateway.status import status
-from gateway.upstream import UpstreamClient
-from gateway.watch import watch
+from gateway.cache.store import Store, StoreError
+from gateway.ops.status import status
+from gateway.upstream.client import UpstreamClient
+from gateway.ops.watch import watch
 
 log = logging.getLogger("detgate")
 

@@ -99,7 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from gateway import config, logs
+    from gateway import config
+
+    from gateway.ops import logs
     from gateway.app import ConfigError, create_app
 
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}

@@ -47,7 +47,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 def run_command(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from gateway import config, logs
+    from gateway import config
+    from gateway.ops import logs
 
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "action", "config", "file", "reseal")}
     flags["log_level"] = flags.get("log_level") or "WARNING"
@@ -69,8 +70,8 @@ async def _probe(settings) -> int:
     from aiohttp import web
 
     from gateway.app import ConfigError, create_app
-    from gateway.canary import table
-    from gateway.watch import CANARIES
+    from gateway.ops.canary import table
+    from gateway.ops.watch import CANARIES
 
     if not settings.canaries:
         return refuse("no canaries configured: add [[canaries]] tables (name, model, body) to the --config file")
@@ -93,11 +94,11 @@ async def _probe(settings) -> int:
 
 
 async def _cache(action: str, path: str, settings, reseal: bool) -> int:
-    from gateway.cache_io import export_entries, import_entries
-    from gateway.drift import EPOCHS
-    from gateway.ledger import RedisLedger
-    from gateway.redis_store import RedisStore
-    from gateway.store import StoreError
+    from gateway.cache.export import export_entries, import_entries
+    from gateway.ops.drift import EPOCHS
+    from gateway.ops.ledger import RedisLedger
+    from gateway.cache.redis_store import RedisStore
+    from gateway.cache.store import StoreError
 
     store = RedisStore(settings.redis_url, settings.store_timeout_s)
     ledger = RedisLedger(settings.redis_url, settings.store_timeout_s)

@@ -12,7 +12,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from gateway.policy_rules import MAX_ATTEMPTS, ModelStrategy, Rules, compile_rules
+from gateway.policy.rules import MAX_ATTEMPTS, ModelStrategy, Rules, compile_rules
 
 OPENAI_URL = "https://api.openai.com/v1"
 SHARED_NAMESPACE = "shared"  # the tenant name entries of shared_cache_tenants are signed under
@@ -81,7 +81,7 @@ class Settings(BaseModel):
     # How long a replica's claim on filling a key lasts without renewal; when the holder
     # dies, the other replicas take over after at most this long.
     lock_lease_ms: int = Field(10_000, ge=100)
-    # Issue 7: failure behaviour and limits (see gateway/resilience.py, gateway/limits.py).
+    # Failure behaviour and limits (see gateway/upstream/resilience.py, gateway/ingress/limits.py).
     # fail-open answers from the upstream when the store is down (x-detgate-cache: bypass);
     # fail-closed refuses with a 503 rather than serve an answer it cannot store.
     cache_failure: Literal["fail-open", "fail-closed"] = "fail-open"
@@ -99,7 +99,7 @@ class Settings(BaseModel):
     rate_limits: dict[str, str] = {}
     shutdown_timeout_s: float = Field(30.0, gt=0)  # SIGTERM: how long in-flight requests may take to finish
     log_level: str = "INFO"
-    # Determinism rules (gateway/policy_rules.py): user profiles, alias overrides (false
+    # Determinism rules (gateway/policy/rules.py): user profiles, alias overrides (false
     # un-pins), per-model-glob strategies, named schemas, schema-validated retries.
     profiles: tuple[dict[str, Any], ...] = ()
     aliases: dict[str, str | Literal[False] | None] = {}

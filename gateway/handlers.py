@@ -10,24 +10,24 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.auth import authenticate, upstream_authorization
-from gateway.entry import DONE, Entry, sse_event
+from gateway.ingress.auth import authenticate, upstream_authorization
+from gateway.cache.entry import DONE, Entry, sse_event
 from gateway.errors import ApiError, UpstreamError, error_body
-from gateway.drift import DriftMonitor, fingerprint_of
-from gateway.feed import Feed
-from gateway.limits import TenantLimiter, rate_limited
-from gateway.modes import MODE_CONTROLS, replay_miss, replay_unavailable
-from gateway.fanout import merged
-from gateway.hidden_vars import scan, warning
-from gateway.policy import Hints
-from gateway.prepare import Prepared
-from gateway.singleflight import Flight, Outcome, Produce
+from gateway.ops.drift import DriftMonitor, fingerprint_of
+from gateway.cache.feed import Feed
+from gateway.ingress.limits import TenantLimiter, rate_limited
+from gateway.cache.modes import MODE_CONTROLS, replay_miss, replay_unavailable
+from gateway.strategies.fanout import merged
+from gateway.policy.hidden_vars import scan, warning
+from gateway.policy.apply import Hints
+from gateway.policy.prepare import Prepared
+from gateway.cache.singleflight import Flight, Outcome, Produce
 from gateway.state import CACHE, GATEWAY, KEY, METRICS, MODEL, PREPARED, SECRET, SETTINGS, TENANT, TENANTS
-from gateway.store import StoreError
-from gateway.strategy import Call, single
-from gateway.strategy_spec import SINGLE
-from gateway.vote_strategy import choose, meta_headers
-from gateway.watch import DRIFT, UPSTREAM
+from gateway.cache.store import StoreError
+from gateway.strategies.single import Call, single
+from gateway.strategies.spec import SINGLE
+from gateway.strategies.voting import choose, meta_headers
+from gateway.ops.watch import DRIFT, UPSTREAM
 
 CACHE_CONTROLS = ("no-store", "no-cache", "only-if-cached")
 

@@ -5,15 +5,15 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gateway.auth import Tenants
+from gateway.ingress.auth import Tenants
 from gateway.config import Settings
-from gateway.limits import TenantLimiter
-from gateway.logs import AccessLog
-from gateway.metrics import Metrics
-from gateway.prepare import PreparedMemo
-from gateway.singleflight import SingleFlight
-from gateway.store import Store
-from gateway.upstream import UpstreamClient
+from gateway.ingress.limits import TenantLimiter
+from gateway.ops.logs import AccessLog
+from gateway.ops.metrics import Metrics
+from gateway.policy.prepare import PreparedMemo
+from gateway.cache.singleflight import SingleFlight
+from gateway.cache.store import Store
+from gateway.upstream.client import UpstreamClient
 
 
 @dataclass(frozen=True)

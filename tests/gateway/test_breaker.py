@@ -6,10 +6,10 @@ import pytest
 
 from fakes.fault_upstream import FaultUpstream
 from fakes.faults import FaultPlan
-from gateway.breaker import Breaker, BreakerConfig, Breakers, CircuitOpen, State
-from gateway.concurrency import UpstreamSlots
-from gateway.deadline import Deadline
-from gateway.retry import GaveUp, RetryPolicy, call_with_retries
+from gateway.upstream.breaker import Breaker, BreakerConfig, Breakers, CircuitOpen, State
+from gateway.upstream.concurrency import UpstreamSlots
+from gateway.upstream.deadline import Deadline
+from gateway.upstream.retry import GaveUp, RetryPolicy, call_with_retries
 
 
 class Clock:

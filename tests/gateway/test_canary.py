@@ -9,7 +9,7 @@ import time
 
 import orjson
 
-from gateway.canary import answer_digest
+from gateway.ops.canary import answer_digest
 from gateway.state import METRICS
 from gw_http import REPO, SECRET, get
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.canonical import (
+from gateway.policy.canonical import (
     DROPPED_FIELDS,
     ROUTES,
     RULES,

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from gateway.concurrency import Saturated, UpstreamSlots
-from gateway.deadline import Deadline
+from gateway.upstream.concurrency import Saturated, UpstreamSlots
+from gateway.upstream.deadline import Deadline
 
 
 async def hold(slots, started, release):

@@ -5,7 +5,7 @@ import time
 import aiohttp
 import pytest
 
-from gateway.deadline import Deadline, client_timeout
+from gateway.upstream.deadline import Deadline, client_timeout
 from fakes.fault_upstream import FaultUpstream
 from fakes.faults import FaultPlan
 

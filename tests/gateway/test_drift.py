@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
-from gateway.drift import DriftEvent, DriftMonitor, namespaced
-from gateway.ledger import MemoryLedger
-from gateway.metrics import Metrics
+from gateway.ops.drift import DriftEvent, DriftMonitor, namespaced
+from gateway.ops.ledger import MemoryLedger
+from gateway.ops.metrics import Metrics
 from gateway.state import METRICS
-from gateway.watch import DRIFT
+from gateway.ops.watch import DRIFT
 from gw_http import CHAT, post, sse_payloads
 
 OTHER = {**CHAT, "messages": [{"role": "user", "content": "Say goodbye."}]}

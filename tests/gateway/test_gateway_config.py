@@ -5,7 +5,7 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.config import Settings, load
-from gateway.routing import route
+from gateway.policy.routing import route
 
 
 def test_precedence_flag_env_file_default(tmp_path):

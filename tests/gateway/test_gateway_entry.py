@@ -5,7 +5,7 @@ import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gateway.entry import CorruptEntry, Entry, Sealer, decode, encode, from_body, from_events
+from gateway.cache.entry import CorruptEntry, Entry, Sealer, decode, encode, from_body, from_events
 
 CHAT_BODY = {
     "id": "chatcmpl-1", "object": "chat.completion", "created": 7, "model": "m-2024", "system_fingerprint": "fp_1",

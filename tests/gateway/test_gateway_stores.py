@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from gateway.memory_store import MemoryStore
-from gateway.redis_store import RedisStore
+from gateway.cache.memory_store import MemoryStore
+from gateway.cache.redis_store import RedisStore
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -64,8 +64,8 @@ async def test_memory_store_evicts_least_recently_used_within_its_budget():
 async def test_near_cache_reuses_reads_for_its_ttl_and_sees_its_own_refreshes(redis_url):
     import redis.asyncio as aioredis
 
-    from gateway.near_cache import NearCache
-    from gateway.redis_store import entry_name
+    from gateway.cache.near_cache import NearCache
+    from gateway.cache.redis_store import entry_name
     now = [0.0]
     near = NearCache(RedisStore(redis_url), ttl_s=1.0, max_bytes=1 << 20, clock=lambda: now[0])
     other = aioredis.Redis.from_url(redis_url)

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gateway.hidden_vars as hv
-from gateway.hidden_vars import Finding, find, scan, warning
+import gateway.policy.hidden_vars as hv
+from gateway.policy.hidden_vars import Finding, find, scan, warning
 
 NOW_DT = dt.datetime(2026, 11, 22, 16, 17, 30, tzinfo=dt.timezone.utc)
 NOW = NOW_DT.timestamp()

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.canonical import canonical_json, canonicalize
-from gateway.keys import (
+from gateway.policy.canonical import canonical_json, canonicalize
+from gateway.policy.keys import (
     KEY_PREFIX,
     KEY_SCHEMA_VERSION,
     KeyParts,
@@ -39,7 +39,7 @@ def test_key_is_short_printable_and_redis_safe():
 def test_key_is_stable_across_processes():
     # A fresh interpreter (fresh hash seed) must compute the very same key: entries outlive processes.
     code = (
-        "from gateway.keys import KeyParts, sign;"
+        "from gateway.policy.keys import KeyParts, sign;"
         f"print(sign({SECRET!r}, KeyParts(*{dataclasses.astuple(PARTS)!r})))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

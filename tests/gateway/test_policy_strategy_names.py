@@ -5,7 +5,7 @@ import pytest
 
 from gateway.config import Settings
 from gateway.errors import ApiError
-from gateway.policy import Hints, apply_policy
+from gateway.policy.apply import Hints, apply_policy
 
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
 SCHEMA = {"type": "object", "required": ["a"]}

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.canonical import canonical_json, canonicalize
-from gateway.profiles import (
+from gateway.policy.canonical import canonical_json, canonicalize
+from gateway.policy.profiles import (
     DEFAULT_ALIASES,
     MODES,
     PROFILES,

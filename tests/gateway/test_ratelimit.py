@@ -8,7 +8,7 @@ import redis.asyncio as aioredis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.ratelimit import Limit, LocalRateLimiter, RedisRateLimiter, TokenBucket, retry_after_header
+from gateway.ingress.ratelimit import Limit, LocalRateLimiter, RedisRateLimiter, TokenBucket, retry_after_header
 from redis_process import RedisProcess
 
 

@@ -1,6 +1,6 @@
 """A real 3-master Redis Cluster on loopback, and the commands the gateway needs from it.
 
-Single-flight and first-writer-wins (gateway/redis_store.py) need, per request key K:
+Single-flight and first-writer-wins (gateway/cache/redis_store.py) need, per request key K:
 SET NX PX (take the lease), GET, SET NX (write the entry once), SET (refresh), and two
 one-key Lua scripts that renew or release the lease only while it is still one's own.
 Every one of them touches a single key, so each runs on a cluster as is; a hash tag {K}
@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from gateway.ratelimit import Limit, LocalRateLimiter, RedisRateLimiter
+from gateway.ingress.ratelimit import Limit, LocalRateLimiter, RedisRateLimiter
 
 RELEASE_IF_MINE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 import test_gateway_stores as contract
-from gateway.redis_store import RedisStore, entry_name
+from gateway.cache.redis_store import RedisStore, entry_name
 from gw_http import CHAT, post, post_all, serve_args
 
 

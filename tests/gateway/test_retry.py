@@ -7,8 +7,8 @@ import time
 import aiohttp
 import pytest
 
-from gateway.deadline import Deadline
-from gateway.retry import (REASONS, GaveUp, RetryPolicy, backoff, call_with_retries, parse_retry_after,
+from gateway.upstream.deadline import Deadline
+from gateway.upstream.retry import (REASONS, GaveUp, RetryPolicy, backoff, call_with_retries, parse_retry_after,
                            requested_wait, retry_reason)
 from fakes.fault_upstream import FaultUpstream
 from fakes.faults import FaultPlan
@@ -237,8 +237,8 @@ def test_gave_up_answers_with_the_upstream_status_or_a_gateway_error(last, statu
 
 
 def test_errors_raised_by_the_gateway_itself_are_never_retried_and_keep_their_status():
-    from gateway.breaker import CircuitOpen
-    from gateway.concurrency import Saturated
+    from gateway.upstream.breaker import CircuitOpen
+    from gateway.upstream.concurrency import Saturated
     for exc, status in [(CircuitOpen("up", 1.0), 503), (Saturated("up", "queue_full", 1.0), 429)]:
         assert retry_reason(exc) is None
         assert GaveUp(exc, (), "fatal").http_status == status

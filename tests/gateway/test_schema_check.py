@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.schema_check import (
+from gateway.strategies.schema_check import (
     JSON_OBJECT,
     SchemaError,
     check_content,

@@ -8,8 +8,8 @@ import hmac
 import pytest
 import redis
 
-from gateway.auth import Tenants
-from gateway.redis_store import entry_name
+from gateway.ingress.auth import Tenants
+from gateway.cache.redis_store import entry_name
 from gw_http import CHAT, post, samples, value
 
 KEYS = {"acme": "gw-key-acme", "globex": "gw-key-globex"}
@@ -72,7 +72,7 @@ def test_gateway_keys_are_compared_in_constant_time_against_every_key(monkeypatc
         compared.append(a)
         return real(a, b)
 
-    monkeypatch.setattr("gateway.auth.hmac.compare_digest", spy)
+    monkeypatch.setattr("gateway.ingress.auth.hmac.compare_digest", spy)
     assert tenants.lookup(b"key-0") == "t0"
     assert tenants.lookup(b"key-9") is None
     assert len(compared) == 10  # no early exit on a match: timing says nothing about which key

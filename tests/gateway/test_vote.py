@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.vote import (
+from gateway.strategies.vote import (
     Ballot,
     answer_text,
     ballot,

@@ -30,9 +30,9 @@ from typing import IO
 import orjson
 from tqdm import tqdm
 
-from gateway.entry import CorruptEntry, Sealer, decode, encode
-from gateway.keys import KEY_PREFIX, verify_entry
-from gateway.store import Store
+from gateway.cache.entry import CorruptEntry, Sealer, decode, encode
+from gateway.policy.keys import KEY_PREFIX, verify_entry
+from gateway.cache.store import Store
 
 BATCH = 64  # concurrent reads while exporting
 MAC_LEN = Sealer.MAC_LEN

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.config import UpstreamConfig
-from gateway.entry import Entry, from_body, from_events
+from gateway.cache.entry import Entry, from_body, from_events
 from gateway.errors import UpstreamError
-from gateway.feed import Feed
-from gateway.strategy_spec import SINGLE, StrategySpec
-from gateway.upstream import UpstreamClient
+from gateway.cache.feed import Feed
+from gateway.strategies.spec import SINGLE, StrategySpec
+from gateway.upstream.client import UpstreamClient
 
 
 @dataclass(frozen=True)

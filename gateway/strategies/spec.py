@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.vote import Extractor
+from gateway.strategies.vote import Extractor
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import orjson
 
-from gateway.keys import entry_mac, verify_entry
+from gateway.policy.keys import entry_mac, verify_entry
 
 ENTRY_VERSION = 1
 DONE = b"data: [DONE]\n\n"

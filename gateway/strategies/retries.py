@@ -14,10 +14,10 @@ from typing import Any
 import orjson
 
 from gateway.errors import UpstreamError, error_body
-from gateway.schema_check import SchemaError, check_content, check_tool_calls, feedback_messages, summary
-from gateway.strategy import Call
-from gateway.strategy_spec import StrategySpec
-from gateway.upstream import UpstreamClient
+from gateway.strategies.schema_check import SchemaError, check_content, check_tool_calls, feedback_messages, summary
+from gateway.strategies.single import Call
+from gateway.strategies.spec import StrategySpec
+from gateway.upstream.client import UpstreamClient
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import Protocol
 
 from redis.exceptions import RedisError
 
-from gateway.redis_store import connect
-from gateway.store import StoreError
+from gateway.cache.redis_store import connect
+from gateway.cache.store import StoreError
 
 
 class Ledger(Protocol):

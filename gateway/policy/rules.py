@@ -29,10 +29,10 @@ from typing import Any, Iterable, Mapping
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.canonical import canonical_json
-from gateway.profiles import PROFILES, Profile, alias_table, profile_from_dict
-from gateway.schema_check import schema_problem
-from gateway.vote import Extractor, extractor_from_dict
+from gateway.policy.canonical import canonical_json
+from gateway.policy.profiles import PROFILES, Profile, alias_table, profile_from_dict
+from gateway.strategies.schema_check import schema_problem
+from gateway.strategies.vote import Extractor, extractor_from_dict
 
 # A vote of k makes up to k upstream calls per miss, each retried up to the attempts:
 # bounded so that one request header cannot order hundreds of paid calls.

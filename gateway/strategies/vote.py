@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from gateway.canonical import CanonicalError, canonical_json
+from gateway.policy.canonical import CanonicalError, canonical_json
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from gateway.config import Settings, UpstreamConfig
 from gateway.errors import ApiError
-from gateway.keys import tenant_from_api_key
+from gateway.policy.keys import tenant_from_api_key
 
 DEFAULT_TENANT = "default"
 

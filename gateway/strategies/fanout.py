@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import orjson
 
-from gateway.entry import Entry, from_body
-from gateway.profiles import merge_n
+from gateway.cache.entry import Entry, from_body
+from gateway.policy.profiles import merge_n
 
 
 def merged(route: str, parts: list[Entry]) -> Entry:

@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from typing import AsyncIterator, Callable
 
-from gateway.store import Store
+from gateway.cache.store import Store
 
 
 class NearCache:

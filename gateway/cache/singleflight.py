@@ -15,9 +15,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from gateway.entry import CorruptEntry, Entry, Sealer, TamperedEntry
-from gateway.feed import Feed
-from gateway.store import Store, StoreError
+from gateway.cache.entry import CorruptEntry, Entry, Sealer, TamperedEntry
+from gateway.cache.feed import Feed
+from gateway.cache.store import Store, StoreError
 
 Produce = Callable[[Feed], Awaitable[Entry]]
 

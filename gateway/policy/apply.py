@@ -12,10 +12,10 @@ from typing import NamedTuple
 
 from gateway.config import UpstreamConfig
 from gateway.errors import ApiError
-from gateway.policy_rules import MAX_VOTE, ModelRule, Rules
-from gateway.profiles import Profile, RandomnessError, changed_params, derandomize, parse_mode, resolve_model, split_n
-from gateway.schema_check import requested_schema, schema_problem
-from gateway.strategy_spec import SINGLE, StrategySpec, spec_name
+from gateway.policy.rules import MAX_VOTE, ModelRule, Rules
+from gateway.policy.profiles import Profile, RandomnessError, changed_params, derandomize, parse_mode, resolve_model, split_n
+from gateway.strategies.schema_check import requested_schema, schema_problem
+from gateway.strategies.spec import SINGLE, StrategySpec, spec_name
 
 _SAMPLING_ROUTES = ("chat.completions", "completions")
 

@@ -9,7 +9,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from gateway.store import StoreError
+from gateway.cache.store import StoreError
 
 # The cache key in braces is a Redis Cluster hash tag: an entry and its fill lock live in
 # one slot, so the commit script may touch both.

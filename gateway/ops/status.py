@@ -10,12 +10,12 @@ from collections import defaultdict
 import orjson
 from aiohttp import web
 
-from gateway.auth import authenticate
-from gateway.canary import RUNS
-from gateway.drift import EPOCHS, EVENTS, FINGERPRINTS, SEEN
+from gateway.ingress.auth import authenticate
+from gateway.ops.canary import RUNS
+from gateway.ops.drift import EPOCHS, EVENTS, FINGERPRINTS, SEEN
 from gateway.state import SETTINGS, TENANTS
-from gateway.store import StoreError
-from gateway.watch import LEDGER
+from gateway.cache.store import StoreError
+from gateway.ops.watch import LEDGER
 
 RECENT_EVENTS = 20
 

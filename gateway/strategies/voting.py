@@ -19,12 +19,12 @@ import dataclasses
 from collections import Counter
 from typing import Awaitable
 
-from gateway.entry import Entry, from_body
-from gateway.feed import Feed
-from gateway.schema_strategy import Answer, Rejected, SchemaExhausted, answer
-from gateway.strategy import Call
-from gateway.upstream import UpstreamClient
-from gateway.vote import Ballot, Vote, answer_text, ballot, decide
+from gateway.cache.entry import Entry, from_body
+from gateway.cache.feed import Feed
+from gateway.strategies.retries import Answer, Rejected, SchemaExhausted, answer
+from gateway.strategies.single import Call
+from gateway.upstream.client import UpstreamClient
+from gateway.strategies.vote import Ballot, Vote, answer_text, ballot, decide
 
 
 async def choose(call: Call, client: UpstreamClient, feed: Feed) -> Entry:

@@ -20,17 +20,17 @@ from typing import Any
 import orjson
 import xxhash
 
-from gateway.auth import Tenants
+from gateway.ingress.auth import Tenants
 from gateway.config import CanaryConfig, Settings
-from gateway.drift import DriftEvent, DriftMonitor, fingerprint_of
+from gateway.ops.drift import DriftEvent, DriftMonitor, fingerprint_of
 from gateway.errors import ApiError, UpstreamError
-from gateway.feed import Feed
-from gateway.metrics import Metrics
-from gateway.policy import NO_HINTS
-from gateway.prepare import prepare
-from gateway.store import StoreError
-from gateway.strategy import single
-from gateway.upstream import UpstreamClient
+from gateway.cache.feed import Feed
+from gateway.ops.metrics import Metrics
+from gateway.policy.apply import NO_HINTS
+from gateway.policy.prepare import prepare
+from gateway.cache.store import StoreError
+from gateway.strategies.single import single
+from gateway.upstream.client import UpstreamClient
 
 log = logging.getLogger("detgate.canary")
 

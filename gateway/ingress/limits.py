@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from gateway.config import SHARED_NAMESPACE, Settings, parse_rate_limit
 from gateway.errors import ApiError
-from gateway.ratelimit import Decision, Limit, LocalRateLimiter, RedisRateLimiter, retry_after_header
+from gateway.ingress.ratelimit import Decision, Limit, LocalRateLimiter, RedisRateLimiter, retry_after_header
 
 DEFAULT_TENANT = "*"
 

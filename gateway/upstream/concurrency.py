@@ -11,7 +11,7 @@ import asyncio
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
-from gateway.deadline import Deadline
+from gateway.upstream.deadline import Deadline
 
 
 class Saturated(Exception):

@@ -14,10 +14,10 @@ import aiohttp
 import orjson
 
 from gateway.config import UpstreamConfig
-from gateway.deadline import Deadline, client_timeout
+from gateway.upstream.deadline import Deadline, client_timeout
 from gateway.errors import UpstreamError
-from gateway.metrics import Metrics
-from gateway.resilience import Resilience
+from gateway.ops.metrics import Metrics
+from gateway.upstream.resilience import Resilience
 
 PATHS = {"chat.completions": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
 

@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from gateway.retry import retry_reason
+from gateway.upstream.retry import retry_reason
 
 Clock = Callable[[], float]
 

@@ -21,7 +21,7 @@ from typing import Awaitable, Callable, Generic, Mapping, TypeVar
 
 import aiohttp
 
-from gateway.deadline import Deadline
+from gateway.upstream.deadline import Deadline
 
 T = TypeVar("T")
 

@@ -10,15 +10,15 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.auth import Tenants, authenticate, upstream_authorization
-from gateway.canonical import CanonicalError, canonical_json, canonicalize
+from gateway.ingress.auth import Tenants, authenticate, upstream_authorization
+from gateway.policy.canonical import CanonicalError, canonical_json, canonicalize
 from gateway.config import Settings
 from gateway.errors import ApiError
-from gateway.keys import KeyParts, sign
-from gateway.limits import cache_namespace, check_message_count
-from gateway.policy import Hints, apply_policy
-from gateway.routing import route as pick_upstream
-from gateway.strategy import Call
+from gateway.policy.keys import KeyParts, sign
+from gateway.ingress.limits import cache_namespace, check_message_count
+from gateway.policy.apply import Hints, apply_policy
+from gateway.policy.routing import route as pick_upstream
+from gateway.strategies.single import Call
 from gateway.validation import validate
 
 

@@ -14,14 +14,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
-from gateway.breaker import BreakerConfig, Breakers, CircuitOpen, State
-from gateway.concurrency import Saturated, UpstreamSlots
+from gateway.upstream.breaker import BreakerConfig, Breakers, CircuitOpen, State
+from gateway.upstream.concurrency import Saturated, UpstreamSlots
 from gateway.config import Settings
-from gateway.deadline import Deadline
+from gateway.upstream.deadline import Deadline
 from gateway.errors import UpstreamError, error_body
-from gateway.metrics import Metrics
-from gateway.ratelimit import retry_after_header
-from gateway.retry import GaveUp, RetryPolicy, call_with_retries
+from gateway.ops.metrics import Metrics
+from gateway.ingress.ratelimit import retry_after_header
+from gateway.upstream.retry import GaveUp, RetryPolicy, call_with_retries
 
 T = TypeVar("T")
 
