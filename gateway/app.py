@@ -11,6 +11,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway import handlers
+from gateway.apis import SURFACES
 from gateway.ingress.auth import Tenants
 from gateway.config import Settings
 from gateway.cache.entry import Sealer
@@ -64,9 +65,9 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_resources)
     app.on_response_prepare.append(make_headers_safe)
     app.cleanup_ctx.append(watch)
-    for route, path in (("chat.completions", "/v1/chat/completions"), ("completions", "/v1/completions"),
-                        ("embeddings", "/v1/embeddings")):
-        app.router.add_post(path, handlers.cached_route(route), name=route, expect_handler=expect_continue)
+    for surface in SURFACES.values():
+        app.router.add_post("/v1" + surface.path, handlers.cached_route(surface), name=surface.name,
+                            expect_handler=expect_continue)
     app.router.add_get("/v1/models", handlers.proxy, name="models")
     app.router.add_route("*", "/v1/{tail:.*}", handlers.proxy, name="proxy", expect_handler=expect_continue)
     app.router.add_get("/healthz", handlers.healthz, name="healthz")

@@ -1,26 +1,26 @@
-"""HTTP handlers: the cached OpenAI routes, the proxied rest, health and metrics."""
+"""HTTP handlers: the cached API routes (one per surface), the proxied rest, health and metrics."""
 from __future__ import annotations
 
 import asyncio
 import time
 
 import aiohttp
-import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.ingress.auth import authenticate, upstream_authorization
-from gateway.cache.entry import DONE, Entry, sse_event
-from gateway.errors import ApiError, UpstreamError, error_body
-from gateway.ops.drift import DriftMonitor, fingerprint_of
+from gateway.apis.surface import Surface, View
+from gateway.cache.entry import Entry
+from gateway.errors import ApiError, UpstreamError
+from gateway.ops.drift import DriftMonitor
 from gateway.cache.feed import Feed
 from gateway.ingress.limits import TenantLimiter, rate_limited
 from gateway.cache.modes import MODE_CONTROLS, replay_miss, replay_unavailable
 from gateway.strategies.fanout import merged
 from gateway.policy.hidden_vars import scan, warning
 from gateway.policy.apply import Hints
-from gateway.policy.prepare import Prepared
+from gateway.policy.prepare import Asked, Prepared
 from gateway.cache.singleflight import Flight, Outcome, Produce
 from gateway.state import CACHE, GATEWAY, KEY, METRICS, MODEL, PREPARED, SECRET, SETTINGS, TENANT, TENANTS
 from gateway.cache.store import StoreError
@@ -54,14 +54,18 @@ def cache_control(value: str | None) -> str | None:
     return value
 
 
-def cached_route(route: str):
+def asked(request: web.Request, surface: Surface) -> Asked:
+    headers = request.headers
+    keyed = tuple((name, headers[name]) for name in surface.keyed_headers if name in headers)
+    return Asked(headers.get("Authorization"), keyed,
+                 Hints(headers.get("x-detgate-mode"), headers.get("x-detgate-vote"), headers.get("x-detgate-schema")))
+
+
+def cached_route(surface: Surface):
     async def handler(request: web.Request) -> web.StreamResponse:
         app = request.app
         raw = await read_body(request)
-        hints = Hints(request.headers.get("x-detgate-mode"), request.headers.get("x-detgate-vote"),
-                      request.headers.get("x-detgate-schema"))
-        prepared = app[PREPARED].get(route, raw, request.headers.get("Authorization"), hints, app[SETTINGS],
-                                     app[TENANTS], app[SECRET])
+        prepared = app[PREPARED].get(surface, raw, asked(request, surface), app[SETTINGS], app[TENANTS], app[SECRET])
         request[TENANT], request[MODEL], request[KEY] = prepared.tenant, prepared.model, prepared.key
         metrics = app[METRICS]
         for rule in prepared.rules:
@@ -72,7 +76,7 @@ def cached_route(route: str):
         mode = app[SETTINGS].mode
         if mode != "normal":
             control = MODE_CONTROLS[mode]
-        call, stream = prepared.call, prepared.call.stream
+        call = prepared.call
         drift = app[DRIFT]
         key = request[KEY] = drift.key(prepared.key, call.upstream.name, prepared.model)
         request[UPSTREAM] = call.upstream.name
@@ -88,9 +92,9 @@ def cached_route(route: str):
         found = await _find_or_fly(request, key, call, control,
                                    _producer(call, gateway.client, drift, prepared.model, headers), headers)
         if isinstance(found, Entry):
-            return _respond(request, found, stream, "hit", headers)
+            return _respond(request, surface, found, prepared.view, "hit", headers)
         _flag_hidden(request, call, headers)
-        return await _answer(request, *found, stream, headers)
+        return await _answer(request, surface, *found, prepared.view, headers)
 
     return handler
 
@@ -102,7 +106,7 @@ def _producer(call: Call, client, drift: DriftMonitor, model: str, headers: dict
         entry = await strategy(call, client, feed)
         # Observed before the entry is stored, so that the answer which revealed a drift says
         # so (through `headers`, read once the flight lands; a stream's have left by then).
-        event = await drift.observe(call.upstream.name, model, fingerprint_of(entry.body))
+        event = await drift.observe(call.upstream.name, model, call.surface.fingerprint(entry.body))
         if event is not None:
             _warn(headers, event.warning())
         return entry
@@ -113,7 +117,7 @@ def _producer(call: Call, client, drift: DriftMonitor, model: str, headers: dict
 def _flag_hidden(request: web.Request, call: Call, headers: dict[str, str]) -> None:
     """Warn about prompt values that change per request. On misses only: the scan costs
     time, and a hit already proves that its key repeats."""
-    findings = scan(call.route, call.body, time.time())
+    findings = scan(call.surface.texts(call.body), time.time())
     if not findings:
         return
     metrics = request.app[METRICS]
@@ -135,11 +139,12 @@ async def _answer_split(request: web.Request, prepared: Prepared, control: str |
                                          for key, call in parts))
     except UpstreamError as exc:
         request[CACHE] = "miss"
-        return _upstream_error(exc, {**headers, "x-detgate-cache": "miss"})
+        return _upstream_error(exc, prepared.call.surface, {**headers, "x-detgate-cache": "miss"})
     caches = {cache for _, cache in results}
     cache = "hit" if caches == {"hit"} else next(c for c in ("bypass", "miss", "coalesced") if c in caches)
-    return _respond(request, merged(prepared.call.route, [entry for entry, _ in results]), prepared.call.stream,
-                    cache, headers)
+    call = prepared.call
+    entry = merged(call.surface, call.upstream.name, [entry for entry, _ in results])
+    return _respond(request, call.surface, entry, prepared.view, cache, headers)
 
 
 async def _part(request: web.Request, key: str, call: Call, control: str | None, model: str,
@@ -248,76 +253,65 @@ async def _lookup(request: web.Request, key: str) -> tuple[Entry | None, bool, b
     return entry, entry is None, False
 
 
-def _respond(request: web.Request, entry: Entry, stream: bool, cache: str, headers: dict[str, str]) -> web.Response:
+def _respond(request: web.Request, surface: Surface, entry: Entry, view: View, cache: str,
+             headers: dict[str, str]) -> web.Response:
     request[CACHE] = cache
     headers = {**headers, "x-detgate-cache": cache, "x-detgate-model-version": entry.model}
     if entry.meta:
         headers.update(meta_headers(entry.meta))
-    if stream and entry.sse is not None:
-        return web.Response(body=entry.sse, headers=headers, content_type="text/event-stream")
-    return web.Response(body=entry.body, headers=headers, content_type="application/json")
+    streamed = view.stream and entry.stream is not None
+    return web.Response(body=surface.render(entry, view), headers=headers,
+                        content_type="text/event-stream" if streamed else "application/json")
 
 
-async def _answer(request: web.Request, flight: Flight, cache: str, stream: bool,
+async def _answer(request: web.Request, surface: Surface, flight: Flight, cache: str, view: View,
                   headers: dict[str, str]) -> web.StreamResponse:
-    """Serve a flight's answer: live events while they come when streaming, else the entry.
+    """Serve a flight's answer: live frames while they come when streaming, else the entry.
 
     Waits are shielded: this request going away must not cancel a call others share.
     """
     request[CACHE] = cache
-    if stream:
+    if view.stream:
         await asyncio.shield(flight.feed.started())
-    if not (stream and flight.feed.events):
+    if not (view.stream and flight.feed.events):
         try:
             outcome = await asyncio.shield(flight.task)
         except UpstreamError as exc:
-            return _upstream_error(exc, {**headers, "x-detgate-cache": cache})
-        return _respond(request, outcome.entry, stream, _settle(request, outcome, cache), headers)
-    return await _stream_live(request, flight, cache, headers)
+            return _upstream_error(exc, surface, {**headers, "x-detgate-cache": cache})
+        return _respond(request, surface, outcome.entry, view, _settle(request, outcome, cache), headers)
+    return await _stream_live(request, surface, flight, cache, view, headers)
 
 
 def _warn(headers: dict[str, str], warning: str) -> None:
     headers["x-detgate-warnings"] = "; ".join(filter(None, (headers.get("x-detgate-warnings"), warning)))
 
 
-async def _stream_live(request: web.Request, flight: Flight, cache: str, headers: dict[str, str]) -> web.StreamResponse:
+async def _stream_live(request: web.Request, surface: Surface, flight: Flight, cache: str, view: View,
+                       headers: dict[str, str]) -> web.StreamResponse:
     feed = flight.feed
-    first = orjson.loads(feed.events[0])
-    first = first if isinstance(first, dict) else {}
-    drift = request.app[DRIFT].peek(request[UPSTREAM], request[MODEL], first.get("system_fingerprint"))
+    drift = request.app[DRIFT].peek(request[UPSTREAM], request[MODEL], feed.fingerprint)
     if drift is not None:
         _warn(headers, drift)
-    response = web.StreamResponse(headers={**headers, "x-detgate-cache": cache,
-                                           "x-detgate-model-version": str(first.get("model") or ""),
+    response = web.StreamResponse(headers={**headers, "x-detgate-cache": cache, "x-detgate-model-version": feed.model,
                                            "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     try:
         await response.prepare(request)
-        async for data in feed.follow():
-            await response.write(sse_event(data))
+        async for frame in feed.follow():
+            await response.write(frame)
         try:
-            await asyncio.shield(flight.task)
+            outcome = await asyncio.shield(flight.task)
         except UpstreamError as exc:
-            # Headers are gone: the failure can only be told in-band, as OpenAI does.
-            await response.write(sse_event(_in_band_error(exc)))
+            # Headers are gone: the failure can only be told in-band, as the providers do.
+            await response.write(surface.in_band_error(exc))
             return response
-        await response.write(DONE)
+        await response.write(surface.stream_end(outcome.entry, view))
     except ConnectionResetError:
         pass  # the client left; the flight goes on and is stored if it completes
     return response
 
 
-def _in_band_error(exc: UpstreamError) -> bytes:
-    try:
-        parsed = orjson.loads(exc.body)
-        if isinstance(parsed, dict) and "error" in parsed:
-            return orjson.dumps(parsed)
-    except orjson.JSONDecodeError:
-        pass
-    return error_body(f"upstream failed with status {exc.status}", type="upstream_error")
-
-
-def _upstream_error(exc: UpstreamError, headers: dict[str, str]) -> web.Response:
-    response = exc.response()
+def _upstream_error(exc: UpstreamError, surface: Surface, headers: dict[str, str]) -> web.Response:
+    response = exc.response(surface.errors)
     response.headers.update(headers)
     for name in ("retry-after", "retry-after-ms", "x-detgate-attempts"):
         value = next((v for k, v in exc.headers.items() if k.lower() == name), None)
@@ -351,7 +345,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
                                                          headers=headers, timeout=client.timeout)
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         app[METRICS].upstream_requests.labels(upstream.name, "502").inc()
-        return UpstreamError.unreachable(upstream.name, repr(exc)).response()
+        return UpstreamError.unreachable(upstream.name, "the connection failed", repr(exc)).response()
     async with upstream_response:
         app[METRICS].upstream_requests.labels(upstream.name, str(upstream_response.status)).inc()
         response = web.StreamResponse(status=upstream_response.status, headers={

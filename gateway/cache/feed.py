@@ -13,6 +13,9 @@ class Feed:
     def __init__(self) -> None:
         self.events: list[bytes] = []
         self.closed = False
+        # What the stream's first events said of the answer, for the live response's headers.
+        self.model = ""
+        self.fingerprint: str | None = None
         self._wake = asyncio.Event()
 
     def push(self, data: bytes) -> None:

@@ -6,7 +6,7 @@ for a request that can never pass, 429 with Retry-After for one that may pass la
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import redis.asyncio as aioredis
 
@@ -17,11 +17,8 @@ from gateway.ingress.ratelimit import Decision, Limit, LocalRateLimiter, RedisRa
 DEFAULT_TENANT = "*"
 
 
-def check_message_count(route: str, body: dict[str, Any], max_messages: int) -> None:
+def check_message_count(count: int, max_messages: int) -> None:
     """Pure, so it may run inside the memoized preparation."""
-    if route != "chat.completions":
-        return
-    count = len(body.get("messages") or ())
     if count > max_messages:
         raise ApiError(400, f"The request has {count} messages; this gateway accepts at most {max_messages}.",
                        param="messages", code="too_many_messages")

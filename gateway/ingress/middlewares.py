@@ -1,4 +1,4 @@
-"""Middlewares: every failure in OpenAI's error shape; every request measured and logged once."""
+"""Middlewares: every failure in its route's error shape; every request measured and logged once."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +7,8 @@ import time
 
 from aiohttp import web
 
-from gateway.errors import ApiError, error_body
+from gateway.apis import SURFACES
+from gateway.errors import OPENAI_ERRORS, ApiError, ErrorShape
 from gateway.state import ACCESS_LOG, CACHE, KEY, METRICS, MODEL, TENANT
 
 log = logging.getLogger("detgate")
@@ -16,27 +17,35 @@ _TYPES = {401: "invalid_request_error", 403: "permission_error", 404: "invalid_r
           405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 
 
+def shape_of(request: web.Request) -> ErrorShape:
+    """The error shape of the surface a request was routed to; OpenAI's elsewhere."""
+    surface = SURFACES.get(request.match_info.route.name or "")
+    return surface.errors if surface is not None else OPENAI_ERRORS
+
+
 @web.middleware
 async def errors(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as exc:
-        return exc.response()
+        return exc.response(shape_of(request))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
-        body = error_body(f"{exc.reason}: {request.method} {request.path}" if exc.status in (404, 405) else exc.text or exc.reason,
+        shape = shape_of(request)
+        body = shape.body(f"{exc.reason}: {request.method} {request.path}" if exc.status in (404, 405) else exc.text or exc.reason,
                           type=_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "server_error"),
-                          code=exc.reason.lower().replace(" ", "_"))
-        return web.Response(status=exc.status, body=body, headers=headers, content_type="application/json")
+                          code=exc.reason.lower().replace(" ", "_"), status=exc.status)
+        return web.Response(status=exc.status, body=body, headers=headers, content_type=shape.content_type)
     except asyncio.CancelledError:
         raise
     except Exception:
         log.exception("unhandled error serving %s %s", request.method, request.path)
-        return web.Response(status=500, content_type="application/json",
-                            body=error_body("The gateway failed to handle this request; the failure is logged.",
-                                            type="server_error", code="internal_error"))
+        shape = shape_of(request)
+        return web.Response(status=500, content_type=shape.content_type,
+                            body=shape.body("The gateway failed to handle this request; the failure is logged.",
+                                            type="server_error", code="internal_error", status=500))
 
 
 @web.middleware

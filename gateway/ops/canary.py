@@ -15,19 +15,19 @@ import logging
 import random
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import orjson
 import xxhash
 
 from gateway.ingress.auth import Tenants
 from gateway.config import CanaryConfig, Settings
-from gateway.ops.drift import DriftEvent, DriftMonitor, fingerprint_of
+from gateway.apis import SURFACES
+from gateway.apis.surface import Surface
+from gateway.ops.drift import DriftEvent, DriftMonitor
 from gateway.errors import ApiError, UpstreamError
 from gateway.cache.feed import Feed
 from gateway.ops.metrics import Metrics
-from gateway.policy.apply import NO_HINTS
-from gateway.policy.prepare import prepare
+from gateway.policy.prepare import Asked, prepare
 from gateway.cache.store import StoreError
 from gateway.strategies.single import single
 from gateway.upstream.client import UpstreamClient
@@ -59,33 +59,10 @@ class Probe:
         return self.result in ("mismatch", "error")
 
 
-def _dict(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list:
-    return value if isinstance(value, list) else []
-
-
-def answer_parts(route: str, parsed: dict) -> list:
-    """What an answer says, without what differs on every call (ids, timestamps, usage,
-    tool-call ids)."""
-    if route == "embeddings":
-        return [_dict(item).get("embedding") for item in _list(parsed.get("data"))]
-    parts: list = []
-    for choice in map(_dict, _list(parsed.get("choices"))):
-        if route == "completions":
-            parts.append(choice.get("text"))
-            continue
-        message = _dict(choice.get("message"))
-        calls = [_dict(_dict(call).get("function")) for call in _list(message.get("tool_calls"))]
-        parts.append({"content": message.get("content"), "refusal": message.get("refusal"),
-                      "tool_calls": [{"name": f.get("name"), "arguments": f.get("arguments")} for f in calls]})
-    return parts
-
-
-def answer_digest(route: str, body: bytes) -> str:
-    parts = answer_parts(route, _dict(orjson.loads(body)))
+def answer_digest(surface: Surface, body: bytes) -> str:
+    """What an answer says (its surface's answer_parts), digested."""
+    parsed = orjson.loads(body)
+    parts = surface.answer_parts(parsed if isinstance(parsed, dict) else {})
     return xxhash.xxh3_128_hexdigest(orjson.dumps(parts, option=orjson.OPT_SORT_KEYS))
 
 
@@ -113,19 +90,19 @@ class Canaries:
     async def run(self, canary: CanaryConfig) -> Probe:
         upstream, model = canary.upstream or "", canary.model
         try:
-            prepared = prepare(canary.route, request_bytes(canary), None, NO_HINTS, self.settings, _NO_TENANTS,
-                               self.secret)
+            surface = SURFACES[canary.route]
+            prepared = prepare(surface, request_bytes(canary), Asked(), self.settings, _NO_TENANTS, self.secret)
             upstream, model = prepared.call.upstream.name, prepared.model
             entry = await single(prepared.call, self.client, Feed())
         except ApiError as exc:
             return await self._finish(Probe(canary.name, upstream, model, "error", None, None, None, time.time(),
                                             f"the canary's request is invalid: {exc.message}"))
         except UpstreamError as exc:
-            why = f"upstream answered {exc.status}: {exc.body[:300].decode(errors='replace')}"
+            why = f"upstream answered {exc.status}: {exc.payload()[:300].decode(errors='replace')}"
             return await self._finish(Probe(canary.name, upstream, model, "error", None, None, None, time.time(), why))
-        fingerprint = fingerprint_of(entry.body)
+        fingerprint = surface.fingerprint(entry.body)
         await self.monitor.observe(upstream, model, fingerprint)
-        digest = answer_digest(canary.route, entry.body)
+        digest = answer_digest(surface, entry.body)
         try:
             expected, result = await self._compare(canary, digest)
         except StoreError as exc:

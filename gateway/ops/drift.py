@@ -52,15 +52,6 @@ def namespaced(secret: bytes, key: str, epoch: int) -> str:
     return KEY_PREFIX + hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
-def fingerprint_of(body: bytes) -> str | None:
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    value = parsed.get("system_fingerprint") if isinstance(parsed, dict) else None
-    return value if isinstance(value, str) and value else None
-
-
 @dataclass(frozen=True)
 class DriftEvent:
     kind: str  # "fingerprint" or "canary"

@@ -1,7 +1,7 @@
 """The policy between routing and canonicalization: pin the model, de-randomize the
 sampling parameters by the upstream's profile, and pick the strategy a miss runs.
 
-Pure: the same (route, body, upstream, rules, hints) always gives the same Policy, which
+Pure: the same (surface, body, upstream, rules, hints) always gives the same Policy, which
 is what lets prepare.PreparedMemo remember it. The per-request headers that steer it
 (x-detgate-mode, -vote, -schema) are `Hints` and part of that memo's key.
 """
@@ -10,15 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from gateway.apis.surface import Surface
 from gateway.config import UpstreamConfig
 from gateway.errors import ApiError
 from gateway.policy.rules import MAX_VOTE, ModelRule, Rules
 from gateway.policy.profiles import Profile, RandomnessError, changed_params, derandomize, parse_mode, resolve_model, split_n
-from gateway.strategies.schema_check import requested_schema, schema_problem
+from gateway.strategies.schema_check import named_schema, schema_problem
 from gateway.strategies.spec import SINGLE, StrategySpec, spec_name
-
-_SAMPLING_ROUTES = ("chat.completions", "completions")
-
 
 class Hints(NamedTuple):
     """The x-detgate-mode, x-detgate-vote and x-detgate-schema headers, as sent. A tuple:
@@ -41,7 +39,7 @@ class Policy:
     rewrites: tuple[str, ...]  # the parameters changed, for detgate_param_rewrites_total
 
 
-def apply_policy(route: str, body: dict, upstream: UpstreamConfig, rules: Rules, hints: Hints = NO_HINTS) -> Policy:
+def apply_policy(surface: Surface, body: dict, upstream: UpstreamConfig, rules: Rules, hints: Hints = NO_HINTS) -> Policy:
     """Raises ApiError (400) for a request the policy refuses, naming the parameter."""
     requested = body["model"]
     pinned, aliased = resolve_model(requested, rules.aliases)
@@ -49,15 +47,15 @@ def apply_policy(route: str, body: dict, upstream: UpstreamConfig, rules: Rules,
     body = {**body, "model": pinned}
     mode = _mode(hints.mode, upstream.mode)
     profile = rules.profiles[upstream.profile]
-    rewrites = changed_params(route, body, profile, mode)
+    rewrites = changed_params(surface.sampling, body, profile, mode)
     try:
-        body, changes = derandomize(route, body, profile, mode)
+        body, changes = derandomize(surface.sampling, body, profile, mode)
     except RandomnessError as exc:
         raise ApiError(400, str(exc), param=exc.param, code="nondeterministic_parameter") from None
     warnings += changes
-    spec = _strategy(route, body, profile, rules, hints, rules.model_rule(requested, pinned), warnings)
+    spec = _strategy(surface, body, profile, rules, hints, rules.model_rule(requested, pinned), warnings)
     bodies = [body]
-    if mode != "off" and profile.n_policy == "split":
+    if mode != "off" and profile.n_policy == "split" and "n" in surface.sampling:
         bodies = split_n(body)
         if len(bodies) > 1:
             first = bodies[0]["seed"]
@@ -87,12 +85,12 @@ def _vote(header: str) -> int:
     return k
 
 
-def _strategy(route: str, body: dict, profile: Profile, rules: Rules, hints: Hints, rule: ModelRule | None,
+def _strategy(surface: Surface, body: dict, profile: Profile, rules: Rules, hints: Hints, rule: ModelRule | None,
               warnings: list[str]) -> StrategySpec:
-    if route not in _SAMPLING_ROUTES:
+    if not surface.sampling:
         for name, value in (("x-detgate-vote", hints.vote), ("x-detgate-schema", hints.schema)):
             if value is not None:
-                raise ApiError(400, f"{name} applies to chat and text completions, not {route}.", param=name,
+                raise ApiError(400, f"{name} applies to answers that are sampled, not to {surface.name}.", param=name,
                                code="invalid_header")
         return SINGLE
     configured = rule.strategy if rule is not None else None
@@ -104,14 +102,14 @@ def _strategy(route: str, body: dict, profile: Profile, rules: Rules, hints: Hin
     extractor_digest = rule.extractor_digest if extractor is not None else ""
 
     name = hints.schema if hints.schema is not None else (configured.schema_name if configured else None)
-    schema, check, label = None, False, ""
-    if route == "chat.completions":
-        schema = _schema(body, rules, name)
-        check = schema is not None or _check_tools(body)
-        label = f"{name}:{rules.schema_digests[name]}" if name is not None else ""
-    elif hints.schema is not None:
-        raise ApiError(400, "x-detgate-schema applies to chat completions, whose answers are messages.",
-                       param="x-detgate-schema", code="invalid_header")
+    if not surface.checks_schemas:
+        if hints.schema is not None:
+            raise ApiError(400, f"x-detgate-schema applies to answers that are messages, not to {surface.name}.",
+                           param="x-detgate-schema", code="invalid_header")
+        name = None
+    schema = _schema(surface, body, rules, name)
+    check = schema is not None or _check_tools(surface, body)
+    label = f"{name}:{rules.schema_digests[name]}" if name is not None else ""
     attempts = ((configured.attempts if configured else None) or rules.attempts) if check else 1
     feedback = rules.feedback and check
     name_in_key = spec_name(k, extractor_digest, check, attempts, feedback, label)
@@ -120,34 +118,32 @@ def _strategy(route: str, body: dict, profile: Profile, rules: Rules, hints: Hin
     return StrategySpec(k, extractor, check, schema, attempts, feedback, name_in_key)
 
 
-def _schema(body: dict, rules: Rules, name: str | None) -> dict | None:
+def _schema(surface: Surface, body: dict, rules: Rules, name: str | None) -> dict | None:
     """The schema answers must match; a named one comes from config and was checked there,
     one in the request is checked here, before any upstream call."""
-    try:
-        schema = requested_schema(body, rules.schemas, name)
-    except KeyError as exc:
-        raise ApiError(400, f"x-detgate-schema: {exc.args[0]}.", param="x-detgate-schema", code="unknown_schema") from None
-    if name is None and schema is not None:
-        problem = schema_problem(schema)
-        if problem is not None:
-            raise ApiError(400, f"response_format.json_schema.schema is not a valid JSON schema: {problem}.",
-                           param="response_format.json_schema.schema", code="invalid_schema")
+    if name is not None:
+        try:
+            return named_schema(rules.schemas, name)
+        except KeyError as exc:
+            raise ApiError(400, f"x-detgate-schema: {exc.args[0]}.", param="x-detgate-schema",
+                           code="unknown_schema") from None
+    requested = surface.requested_schema(body)
+    if requested is None:
+        return None
+    param, schema = requested
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise ApiError(400, f"{param} is not a valid JSON schema: {problem}.", param=param, code="invalid_schema")
     return schema
 
 
-def _check_tools(body: dict) -> bool:
+def _check_tools(surface: Surface, body: dict) -> bool:
     """Whether the request offers function tools (whose calls are then validated); 400 for
     a tool whose parameters are not a valid schema."""
-    tools = body.get("tools")
     offered = False
-    for i, tool in enumerate(tools if isinstance(tools, list) else []):
-        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
-        if not isinstance(function, dict):
-            continue
+    for param, parameters in surface.tool_schemas(body):
         offered = True
-        parameters = function.get("parameters")
         problem = schema_problem(parameters) if parameters is not None else None
         if problem is not None:
-            raise ApiError(400, f"tools[{i}].function.parameters is not a valid JSON schema: {problem}.",
-                           param=f"tools[{i}].function.parameters", code="invalid_schema")
+            raise ApiError(400, f"{param} is not a valid JSON schema: {problem}.", param=param, code="invalid_schema")
     return offered

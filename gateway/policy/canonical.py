@@ -72,38 +72,22 @@ from typing import Any, Callable
 
 import orjson
 
-ROUTES = ("chat.completions", "completions", "embeddings")
-
 # Every name Canonical.rules can hold, for pre-registering metric labels.
 RULES = ("bom", "zero_width", "word_joiner", "crlf", "nfc", "content_shape", "input_shape",
          "stop_shape", "null_field", "number_form", "dropped_field")
 
-DROPPED_FIELDS = frozenset({
-    "user", "safety_identifier", "stream", "stream_options", "metadata", "store",
-    "prompt_cache_key", "service_tier",
-})
-
-# Optional request fields whose null means "absent" in the OpenAI API. Unknown fields
-# are not listed: their null may mean something to the provider that defined them.
-_NULLABLE = {
-    "chat.completions": frozenset({
-        "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
-        "max_completion_tokens", "max_tokens", "modalities", "n", "parallel_tool_calls",
-        "prediction", "presence_penalty", "reasoning_effort", "response_format", "seed",
-        "stop", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "verbosity",
-        "web_search_options",
-    }),
-    "completions": frozenset({
-        "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
-        "presence_penalty", "seed", "stop", "suffix", "temperature", "top_p",
-    }),
-    "embeddings": frozenset({"dimensions", "encoding_format"}),
-}
 _MESSAGE_NULLABLE = frozenset({
     "audio", "content", "function_call", "name", "refusal", "tool_call_id", "tool_calls",
 })
 _FUNCTION_NULLABLE = frozenset({"description", "parameters", "strict"})
 _JSON_SCHEMA_NULLABLE = frozenset({"description", "schema", "strict"})
+
+# Fields of every OpenAI-style request that cannot change the answer: out of the key,
+# forwarded as the client sent them.
+UNKEYED_FIELDS = frozenset({
+    "user", "safety_identifier", "stream", "stream_options", "metadata", "store",
+    "prompt_cache_key", "service_tier",
+})
 
 _REMOVED_CHARS = (("\ufeff", "bom"), ("\u200b", "zero_width"), ("\u2060", "word_joiner"))
 
@@ -142,34 +126,39 @@ class CanonicalError(ValueError):
 
 @dataclass(frozen=True)
 class Canonical:
-    body: dict
-    rules: tuple[str, ...]
+    key: dict  # what the cache key is signed over
+    sent: dict  # what the upstream is sent: `key` plus the unkeyed fields as the client sent them
+    rules: tuple[str, ...]  # the rules that fired, one name per place changed
 
 
-def canonicalize(route: str, body: dict) -> Canonical:
-    """The canonical form of `body` sent to `route` (one of ROUTES). Never mutates `body`.
+FieldRule = Callable[[Any, list[str]], Any]
 
-    Raises CanonicalError for a body that has no canonical form, ValueError for an unknown
-    route.
+
+def canonicalize(body: dict, nullable: frozenset[str], field_rules: dict[str, FieldRule],
+                 unkeyed: frozenset[str] = UNKEYED_FIELDS) -> Canonical:
+    """The canonical form of a request body under one surface's tables: `nullable` fields
+    set to null count as absent, each field in `field_rules` is rewritten by its rule,
+    `unkeyed` fields stay out of the key. Never mutates `body`.
+
+    Raises CanonicalError for a body that has no canonical form.
     """
-    if route not in ROUTES:
-        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
     if not isinstance(body, dict):
         raise CanonicalError("the request body must be a JSON object")
     fired: list[str] = []
-    nullable = _NULLABLE[route]
-    kept = {}
+    kept, forwarded = {}, {}
     for name, value in body.items():
-        if name in DROPPED_FIELDS:
+        if name in unkeyed:
             fired.append("dropped_field")
+            forwarded[name] = value
         elif value is None and name in nullable:
             fired.append("null_field")
         else:
             kept[name] = value
-    for name, rule in _FIELD_RULES[route].items():
+    for name, rule in field_rules.items():
         if name in kept:
             kept[name] = rule(kept[name], fired)
-    return Canonical(_settle(kept, fired, False), tuple(fired))
+    key = _settle(kept, fired, False)
+    return Canonical(key, {**key, **forwarded}, tuple(fired))
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -187,7 +176,7 @@ def canonical_json(obj: Any) -> bytes:
         raise CanonicalError(f"not serializable as JSON: {exc}") from None
 
 
-def _text(s: str, fired: list[str]) -> str:
+def text(s: str, fired: list[str]) -> str:
     for char, rule in _REMOVED_CHARS:
         if char in s:
             s = s.replace(char, "")
@@ -202,14 +191,11 @@ def _text(s: str, fired: list[str]) -> str:
     return s
 
 
-def _text_field(value: Any, fired: list[str]) -> Any:
-    return _text(value, fired) if isinstance(value, str) else value
+def text_field(value: Any, fired: list[str]) -> Any:
+    return text(value, fired) if isinstance(value, str) else value
 
 
-_FieldRule = Callable[[Any, list[str]], Any]
-
-
-def _object(obj: dict, nullable: frozenset[str], rules: dict[str, _FieldRule], fired: list[str]) -> dict:
+def _object(obj: dict, nullable: frozenset[str], rules: dict[str, FieldRule], fired: list[str]) -> dict:
     """`obj` without its known optional fields set to null, each field in `rules` rewritten by its rule."""
     out = {}
     for name, value in obj.items():
@@ -227,7 +213,7 @@ def _is_token_list(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
 
 
-def _inputs(value: Any, fired: list[str]) -> Any:
+def inputs(value: Any, fired: list[str]) -> Any:
     """Completion prompts and embedding inputs: a string, strings, token ids, token-id lists."""
     if isinstance(value, list) and len(value) == 1 and (
         isinstance(value[0], str) or _is_token_list(value[0])
@@ -235,13 +221,13 @@ def _inputs(value: Any, fired: list[str]) -> Any:
         value = value[0]
         fired.append("input_shape")
     if isinstance(value, str):
-        return _text(value, fired)
+        return text(value, fired)
     if isinstance(value, list):
-        return [_text(item, fired) if isinstance(item, str) else item for item in value]
+        return [text(item, fired) if isinstance(item, str) else item for item in value]
     return value
 
 
-def _stop(value: Any, fired: list[str]) -> Any:
+def stop(value: Any, fired: list[str]) -> Any:
     # Generation halts at the first match of any sequence, so they form a set.
     if not (isinstance(value, list) and all(isinstance(s, str) for s in value)):
         return value
@@ -260,77 +246,69 @@ def _is_plain_text_part(part: Any) -> bool:
     )
 
 
-def _content_part(part: Any, fired: list[str]) -> Any:
+def content_part(part: Any, fired: list[str]) -> Any:
     if not isinstance(part, dict):
         return part
     kind = part.get("type")
     if kind in ("text", "refusal") and isinstance(part.get(kind), str):
-        return {**part, kind: _text(part[kind], fired)}
+        return {**part, kind: text(part[kind], fired)}
     return part
 
 
-def _content(value: Any, fired: list[str]) -> Any:
+def content(value: Any, fired: list[str]) -> Any:
     if isinstance(value, list):
         if len(value) == 1 and _is_plain_text_part(value[0]):
             fired.append("content_shape")
             value = value[0]["text"]
         else:
-            return [_content_part(part, fired) for part in value]
-    return _text_field(value, fired)
+            return [content_part(part, fired) for part in value]
+    return text_field(value, fired)
 
 
-def _message(message: Any, fired: list[str]) -> Any:
+def message(message: Any, fired: list[str]) -> Any:
     if not isinstance(message, dict):
         return message
-    return _object(message, _MESSAGE_NULLABLE, _MESSAGE_RULES, fired)
+    return _object(message, _MESSAGE_NULLABLE, MESSAGE_RULES, fired)
 
 
-def _messages(value: Any, fired: list[str]) -> Any:
-    return [_message(m, fired) for m in value] if isinstance(value, list) else value
+def messages(value: Any, fired: list[str]) -> Any:
+    return [message(m, fired) for m in value] if isinstance(value, list) else value
 
 
-def _schema(value: Any, fired: list[str]) -> Any:
+def schema(value: Any, fired: list[str]) -> Any:
     return OrderedObject(value) if isinstance(value, dict) else value
 
 
-def _function(function: Any, fired: list[str]) -> Any:
+def function(function: Any, fired: list[str]) -> Any:
     if not isinstance(function, dict):
         return function
     return _object(function, _FUNCTION_NULLABLE, _FUNCTION_RULES, fired)
 
 
-def _functions(value: Any, fired: list[str]) -> Any:
-    return [_function(f, fired) for f in value] if isinstance(value, list) else value
+def functions(value: Any, fired: list[str]) -> Any:
+    return [function(f, fired) for f in value] if isinstance(value, list) else value
 
 
-def _tool(tool: Any, fired: list[str]) -> Any:
+def tool(tool: Any, fired: list[str]) -> Any:
     if isinstance(tool, dict) and tool.get("type") == "function" and "function" in tool:
-        return {**tool, "function": _function(tool["function"], fired)}
+        return {**tool, "function": function(tool["function"], fired)}
     return tool
 
 
-def _tools(value: Any, fired: list[str]) -> Any:
-    return [_tool(t, fired) for t in value] if isinstance(value, list) else value
+def tools(value: Any, fired: list[str]) -> Any:
+    return [tool(t, fired) for t in value] if isinstance(value, list) else value
 
 
-def _response_format(value: Any, fired: list[str]) -> Any:
+def response_format(value: Any, fired: list[str]) -> Any:
     if not (isinstance(value, dict) and value.get("type") == "json_schema"
             and isinstance(value.get("json_schema"), dict)):
         return value
     return {**value, "json_schema": _object(value["json_schema"], _JSON_SCHEMA_NULLABLE, _JSON_SCHEMA_RULES, fired)}
 
 
-_MESSAGE_RULES: dict[str, _FieldRule] = {"content": _content, "name": _text_field}
-_FUNCTION_RULES: dict[str, _FieldRule] = {"description": _text_field, "parameters": _schema}
-_JSON_SCHEMA_RULES: dict[str, _FieldRule] = {"description": _text_field, "schema": _schema}
-_FIELD_RULES: dict[str, dict[str, _FieldRule]] = {
-    "chat.completions": {
-        "messages": _messages, "stop": _stop, "tools": _tools, "functions": _functions,
-        "response_format": _response_format,
-    },
-    "completions": {"prompt": _inputs, "suffix": _text_field, "stop": _stop},
-    "embeddings": {"input": _inputs},
-}
+MESSAGE_RULES: dict[str, FieldRule] = {"content": content, "name": text_field}
+_FUNCTION_RULES: dict[str, FieldRule] = {"description": text_field, "parameters": schema}
+_JSON_SCHEMA_RULES: dict[str, FieldRule] = {"description": text_field, "schema": schema}
 
 
 def _settle(value: Any, fired: list[str] | None, ordered: bool) -> Any:

@@ -27,7 +27,7 @@ import datetime as dt
 import math
 import re
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 DEFAULT_WINDOW_S = 86_400.0
 
@@ -186,36 +186,14 @@ def find(text: str, now: float, window_s: float = DEFAULT_WINDOW_S) -> list[Find
     return sorted(kept, key=lambda f: f.start)
 
 
-def _texts(route: str, body: dict) -> Iterator[tuple[str, str]]:
-    """(path, text) for the text a model reads in a request body."""
-    if route == "chat.completions":
-        messages = body.get("messages")
-        for i, message in enumerate(messages if isinstance(messages, list) else []):
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, str):
-                yield f"messages[{i}].content", content
-            elif isinstance(content, list):
-                for j, part in enumerate(content):
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        yield f"messages[{i}].content[{j}].text", part["text"]
-    else:
-        name = "prompt" if route == "completions" else "input"
-        value = body.get(name)
-        if isinstance(value, str):
-            yield name, value
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                if isinstance(item, str):
-                    yield f"{name}[{i}]", item
-
-
-def scan(route: str, body: dict, now: float, window_s: float = DEFAULT_WINDOW_S) -> list[Finding]:
-    """Hidden variables in every prompt text of a request body, each with its path.
+def scan(texts: Iterable[tuple[str, str]], now: float, window_s: float = DEFAULT_WINDOW_S) -> list[Finding]:
+    """Hidden variables in every (path, text) a model reads in a request (its surface's
+    `texts`), each finding with its path.
 
     Costs up to a few tens of nanoseconds per character near digits: run it on cache
     misses only, since a hit already proves the request's key repeats."""
     return [Finding(f.kind, f.start, f.end, path)
-            for path, text in _texts(route, body) for f in find(text, now, window_s)]
+            for path, text in texts for f in find(text, now, window_s)]
 
 
 def warning(findings: list[Finding]) -> str | None:

@@ -17,7 +17,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
-KEY_SCHEMA_VERSION = 1
+KEY_SCHEMA_VERSION = 2
 
 KEY_PREFIX = f"dg{KEY_SCHEMA_VERSION}:"
 
@@ -35,7 +35,8 @@ class KeyParts:
     model: str          # the pinned model version
     route: str
     strategy: str       # "single", "vote:3", "schema:3", ...
-    canonical: bytes    # canonical_json(Canonical.body): params and seed included
+    canonical: bytes    # canonical_json(Canonical.key): params and seed included
+    headers: bytes = b""  # canonical_json of the request headers that change the answer (anthropic-version, ...)
 
 
 def _field(data: bytes) -> bytes:
@@ -48,7 +49,7 @@ def encode(parts: KeyParts) -> bytes:
     out = _field(_KEY_DOMAIN) + KEY_SCHEMA_VERSION.to_bytes(4, "big")
     for text in fields:
         out += _field(text.encode("utf-8", "surrogatepass"))
-    return out + _field(bytes(parts.canonical))
+    return out + _field(bytes(parts.canonical)) + _field(bytes(parts.headers))
 
 
 def _check_secret(secret: bytes) -> None:
@@ -57,7 +58,7 @@ def _check_secret(secret: bytes) -> None:
 
 
 def sign(secret: bytes, parts: KeyParts) -> str:
-    """The cache key for `parts`: "dg1:" and 64 hex digits, safe as a Redis key and header."""
+    """The cache key for `parts`: KEY_PREFIX ("dg2:") and 64 hex digits, safe as a Redis key and header."""
     _check_secret(secret)
     return KEY_PREFIX + hmac.new(secret, encode(parts), hashlib.sha256).hexdigest()
 

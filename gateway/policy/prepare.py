@@ -1,8 +1,9 @@
 """From request bytes to what the cache needs: tenant, upstream call and signed key.
 
-A pure function of (route, body bytes, Authorization, policy hints, settings), so its result can be
-remembered: a hot request repeated byte for byte skips parsing, validation,
-canonicalization and signing, which are most of a cache hit's CPU time.
+A pure function of (surface, body bytes, the request headers that matter, policy hints,
+settings), so its result can be remembered: a hot request repeated byte for byte skips
+parsing, validation, canonicalization and signing, which are most of a cache hit's CPU
+time.
 """
 from __future__ import annotations
 
@@ -10,16 +11,25 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.ingress.auth import Tenants, authenticate, upstream_authorization
-from gateway.policy.canonical import CanonicalError, canonical_json, canonicalize
+from gateway.apis.surface import Surface, View
 from gateway.config import Settings
 from gateway.errors import ApiError
-from gateway.policy.keys import KeyParts, sign
+from gateway.ingress.auth import Tenants, authenticate, upstream_authorization
 from gateway.ingress.limits import cache_namespace, check_message_count
 from gateway.policy.apply import Hints, apply_policy
+from gateway.policy.canonical import CanonicalError, canonical_json
+from gateway.policy.keys import KeyParts, sign
 from gateway.policy.routing import route as pick_upstream
 from gateway.strategies.single import Call
-from gateway.validation import validate
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What of a request's headers preparation reads, hashable for the memo."""
+
+    authorization: str | None = None
+    keyed: tuple[tuple[str, str], ...] = ()  # the surface's keyed headers that were sent, lower-cased names
+    hints: Hints = Hints()
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,7 @@ class Prepared:
     model: str
     key: str
     call: Call
+    view: View  # how this request wants its answer rendered
     warnings: tuple[str, ...]
     rules: tuple[str, ...]  # canonicalization rules that fired, counted per request
     rewrites: tuple[str, ...] = ()  # parameters the policy changed, counted per request
@@ -36,71 +47,62 @@ class Prepared:
     split: tuple[tuple[str, Call], ...] = ()
 
 
-def prepare(route: str, raw: bytes, authorization: str | None, hints: Hints, settings: Settings, tenants: Tenants,
+def prepare(surface: Surface, raw: bytes, asked: Asked, settings: Settings, tenants: Tenants,
             secret: bytes) -> Prepared:
     """Raises ApiError (4xx) for anything the client must fix."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
-    validate(route, body)
-    check_message_count(route, body, settings.max_messages)
-    tenant = authenticate(authorization, tenants, settings.passthrough_auth)
+    surface.validate(body)
+    check_message_count(surface.message_count(body), settings.max_messages)
+    tenant = authenticate(asked.authorization, tenants, settings.passthrough_auth)
     upstream, model = pick_upstream(settings.upstreams, body["model"])
-    policy = apply_policy(route, {**body, "model": model}, upstream, settings.rules, hints)
-    stream = body.get("stream") is True
-    auth = upstream_authorization(upstream, authorization, settings.passthrough_auth)
+    policy = apply_policy(surface, {**body, "model": model}, upstream, settings.rules, asked.hints)
+    view = surface.view(body)
+    authorization = upstream_authorization(upstream, asked.authorization, settings.passthrough_auth)
+    headers = ((("Authorization", authorization),) if authorization else ()) + asked.keyed
+    keyed = canonical_json(list(asked.keyed)) if asked.keyed else b""
     parts, rules = [], ()
     for sent in policy.bodies:
         try:
-            canonical = canonicalize(route, sent)
-            signed = canonical_json(canonical.body)
+            canonical = surface.canonical(sent, True)
+            signed = canonical_json(canonical.key)
         except CanonicalError as exc:
             raise ApiError(400, f"The request has no canonical form: {exc}.", param=exc.param, code="invalid_value") from None
         rules = rules or canonical.rules
-        key = sign(secret, KeyParts(cache_namespace(tenant, settings), upstream.name, policy.model, route,
-                                    policy.spec.name, signed))
+        key = sign(secret, KeyParts(cache_namespace(tenant, settings), upstream.name, policy.model, surface.name,
+                                    policy.spec.name, signed, keyed))
         # The parts of a split are answered whole and merged, so each is fetched unstreamed.
-        part_stream = stream and len(policy.bodies) == 1
-        parts.append((key, Call(route, upstream, upstream_body(canonical.body, sent, part_stream), auth, part_stream,
-                                policy.spec)))
+        stream = view.stream and len(policy.bodies) == 1
+        seed = sent.get("seed")
+        parts.append((key, Call(surface, upstream, surface.upstream_body(canonical.sent, stream), headers, stream,
+                                policy.spec, seed if type(seed) is int else 0)))
     if len(parts) == 1:
         key, call = parts[0]
-        return Prepared(tenant, policy.model, key, call, policy.warnings, rules, policy.rewrites)
-    call = Call(route, upstream, parts[0][1].body, auth, stream, policy.spec)
-    return Prepared(tenant, policy.model, ",".join(k for k, _ in parts), call, policy.warnings, rules,
+        return Prepared(tenant, policy.model, key, call, view, policy.warnings, rules, policy.rewrites)
+    return Prepared(tenant, policy.model, ",".join(k for k, _ in parts), parts[0][1], view, policy.warnings, rules,
                     policy.rewrites, tuple(parts))
 
 
-def upstream_body(canonical: dict, sent: dict, stream: bool) -> dict:
-    """The canonical request (so the upstream answers exactly what the key stands for) plus
-    the transport fields canonicalization leaves out."""
-    if not stream:
-        return canonical
-    out = {**canonical, "stream": True}
-    if sent.get("stream_options") is not None:
-        out["stream_options"] = sent["stream_options"]
-    return out
-
-
 class PreparedMemo:
-    """Recent successful preparations by (route, Authorization, body bytes), oldest dropped
+    """Recent successful preparations by (surface, asked, body bytes), oldest dropped
     first. Failures are not remembered: a bad request costs its full price every time."""
 
     MAX_BODY = 64 * 1024  # larger bodies are rarely repeated hot and would crowd the memo
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self._memo: dict[tuple[str, str | None, Hints, bytes], Prepared] = {}
+        self._memo: dict[tuple[str, Asked, bytes], Prepared] = {}
 
-    def get(self, route: str, raw: bytes, authorization: str | None, hints: Hints, settings: Settings,
-            tenants: Tenants, secret: bytes) -> Prepared:
+    def get(self, surface: Surface, raw: bytes, asked: Asked, settings: Settings, tenants: Tenants,
+            secret: bytes) -> Prepared:
         if len(raw) > self.MAX_BODY:
-            return prepare(route, raw, authorization, hints, settings, tenants, secret)
-        memo_key = (route, authorization, hints, raw)
+            return prepare(surface, raw, asked, settings, tenants, secret)
+        memo_key = (surface.name, asked, raw)
         found = self._memo.get(memo_key)
         if found is None:
-            found = prepare(route, raw, authorization, hints, settings, tenants, secret)
+            found = prepare(surface, raw, asked, settings, tenants, secret)
             if len(self._memo) >= self.size:
                 del self._memo[next(iter(self._memo))]
             self._memo[memo_key] = found

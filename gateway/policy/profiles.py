@@ -34,10 +34,6 @@ Mode = Literal["enforce", "reject", "off"]
 MODES: tuple[Mode, ...] = ("enforce", "reject", "off")
 NPolicy = Literal["split", "reject"]
 
-# Routes whose requests sample; embeddings have nothing to de-randomize.
-_SAMPLING_ROUTES = ("chat.completions", "completions")
-
-
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -126,9 +122,10 @@ class RandomnessError(ValueError):
                           "param": self.param, "code": "nondeterministic_parameter"}}
 
 
-def derandomize(route: str, body: dict, profile: Profile, mode: Mode) -> tuple[dict, list[str]]:
+def derandomize(sampling: frozenset[str], body: dict, profile: Profile, mode: Mode) -> tuple[dict, list[str]]:
     """(the body to canonicalize and send, one warning per change made).
 
+    `sampling` is the surface's sampling parameters (none: nothing to de-randomize).
     Never mutates `body`. Raises RandomnessError in `reject` mode for the first parameter
     that adds randomness, and in both modes for n > 1 when the profile refuses it.
     With n > 1 under a `split` profile, the body keeps its n: `split_n` makes the plan.
@@ -136,7 +133,7 @@ def derandomize(route: str, body: dict, profile: Profile, mode: Mode) -> tuple[d
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
-    if mode == "off" or route not in _SAMPLING_ROUTES:
+    if mode == "off" or not sampling:
         return body, []
     changes = _changes(body, profile)
     if mode == "reject" and changes:
@@ -149,7 +146,7 @@ def derandomize(route: str, body: dict, profile: Profile, mode: Mode) -> tuple[d
     if mode == "reject":
         return body, []
     out = dict(body)
-    if profile.fix_sampling and out.get("top_p") is None:
+    if profile.fix_sampling and "top_p" in sampling and out.get("top_p") is None:
         out["top_p"] = 1  # an absent top_p already means 1: made explicit, not a change
     for param, _, value in changes:
         if value is _DROP:
@@ -159,10 +156,10 @@ def derandomize(route: str, body: dict, profile: Profile, mode: Mode) -> tuple[d
     return out, [message for _, message, _ in changes]
 
 
-def changed_params(route: str, body: dict, profile: Profile, mode: Mode) -> list[str]:
+def changed_params(sampling: frozenset[str], body: dict, profile: Profile, mode: Mode) -> list[str]:
     """The parameters `derandomize` changes or warns about, one per warning, in its order
     (for counting rewrites by parameter)."""
-    if mode == "off" or route not in _SAMPLING_ROUTES:
+    if mode == "off" or not sampling:
         return []
     return [param for param, _, _ in _changes(body, profile)]
 
@@ -207,39 +204,6 @@ def split_n(body: dict) -> list[dict]:
     seed = body.get("seed") or 0
     rest = {k: v for k, v in body.items() if k != "n"}
     return [{**rest, "seed": seed + i} for i in range(n)]
-
-
-def merge_n(responses: list[dict]) -> dict:
-    """One response from the answers to `split_n`'s plan, in plan order: the first one's
-    envelope (id, created, model, fingerprint), choice i from response i with index i,
-    usage as the provider bills n (the prompt once, completions summed)."""
-    if not responses:
-        raise ValueError("merge_n needs at least one response")
-    first = responses[0]
-    choices = []
-    for i, response in enumerate(responses):
-        for choice in response.get("choices") or []:
-            choices.append({**choice, "index": i})
-    merged = {**first, "choices": choices}
-    usages = [r["usage"] for r in responses if isinstance(r.get("usage"), dict)]
-    if len(usages) == len(responses):
-        prompt = usages[0].get("prompt_tokens", 0)
-        completion = sum(u.get("completion_tokens", 0) for u in usages)
-        merged["usage"] = {**usages[0], "prompt_tokens": prompt, "completion_tokens": completion,
-                           "total_tokens": prompt + completion}
-        details = [u.get("completion_tokens_details") for u in usages]
-        if all(isinstance(d, dict) for d in details):
-            merged["usage"]["completion_tokens_details"] = _sum_counts(details)
-    return merged
-
-
-def _sum_counts(dicts: list[dict]) -> dict:
-    out: dict = {}
-    for d in dicts:
-        for name, value in d.items():
-            if _is_number(value):
-                out[name] = out.get(name, 0) + value
-    return out
 
 
 # Public model names -> the dated snapshot they pointed at when this table was written.

@@ -7,18 +7,20 @@ those seeds is a hit on its part.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 
-from gateway.cache.entry import Entry, from_body
-from gateway.policy.profiles import merge_n
+from gateway.apis.surface import Surface
+from gateway.cache.entry import Entry
 
 
-def merged(route: str, parts: list[Entry]) -> Entry:
-    entry = from_body(route, orjson.dumps(merge_n([orjson.loads(p.body) for p in parts])))
+def merged(surface: Surface, upstream: str, parts: list[Entry]) -> Entry:
+    entry = surface.from_body(upstream, orjson.dumps(surface.merge_n([orjson.loads(p.body) for p in parts])))
     metas = [p.meta or {} for p in parts]
     meta: dict = {}
     if any("vote" in m for m in metas):
         meta["vote"] = {"votes": ",".join(str((m.get("vote") or {}).get("votes", "-")) for m in metas)}
     if any("attempts" in m for m in metas):
         meta["attempts"] = sum(int(m.get("attempts", 1)) for m in metas)
-    return Entry(entry.body, entry.sse, entry.model, meta or None)
+    return dataclasses.replace(entry, meta=meta or None)

@@ -13,17 +13,17 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import UpstreamError, error_body
-from gateway.strategies.schema_check import SchemaError, check_content, check_tool_calls, feedback_messages, summary
+from gateway.cache.entry import Entry
+from gateway.errors import UpstreamError
+from gateway.strategies.schema_check import SchemaError, summary
 from gateway.strategies.single import Call
-from gateway.strategies.spec import StrategySpec
 from gateway.upstream.client import UpstreamClient
 
 
 @dataclass(frozen=True)
 class Answer:
     seed: int  # the seed of the call that produced it
-    payload: bytes  # the upstream's response, as sent
+    entry: Entry  # the upstream's response, as its surface stores it
     response: dict[str, Any]
     attempts: int
 
@@ -41,67 +41,36 @@ class SchemaExhausted(UpstreamError):
     cached, and worth retrying."""
 
     def __init__(self, rejected: Rejected, attempts: int):
-        message = f"no valid answer in {attempts} attempt(s); the last one failed: {summary(rejected.errors)}"
-        super().__init__(502, error_body(message, type="upstream_error", param=rejected.errors[0].path if rejected.errors else None,
-                                         code="schema_validation_failed"),
-                         headers={"x-detgate-attempts": str(attempts)})
-
-
-def whole(body: dict) -> dict:
-    """The request fetched unstreamed."""
-    return {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-
-
-def problems(response: dict[str, Any], request: dict[str, Any], spec: StrategySpec) -> list[SchemaError]:
-    """Every schema failure of every choice: tool calls against the offered tools, else
-    the content against the spec's schema. A response without choices fails."""
-    choices = response.get("choices")
-    if not isinstance(choices, list) or not choices:
-        return [SchemaError("$", "", "the response has no choices")]
-    errors: list[SchemaError] = []
-    for choice in choices:
-        message = choice.get("message") if isinstance(choice, dict) else None
-        if not isinstance(message, dict):
-            errors.append(SchemaError("$", "", "a choice without a message"))
-            continue
-        calls = message.get("tool_calls")
-        if calls:
-            if not isinstance(calls, list):
-                errors.append(SchemaError("tool_calls", "", "tool_calls is not a list"))
-            else:
-                errors += check_tool_calls(calls, request.get("tools") or [])
-        elif spec.schema is not None:
-            errors += check_content(message.get("content"), spec.schema)
-    return errors
+        super().__init__(502, headers={"x-detgate-attempts": str(attempts)},
+                         message=f"no valid answer in {attempts} attempt(s); the last one failed: {summary(rejected.errors)}",
+                         code="schema_validation_failed", param=rejected.errors[0].path if rejected.errors else None)
 
 
 async def answer(call: Call, client: UpstreamClient, seed: int, step: int) -> Answer | Rejected:
-    """Raises UpstreamError when the upstream fails: a failure is passed on, not retried here."""
-    spec = call.spec
-    body = whole(call.body)
+    """Raises UpstreamError when the upstream fails: a failure is passed on, not retried here.
+    On a surface without seeds every attempt sends the same request, and the upstream's
+    own variation is what a retry hopes for."""
+    spec, surface = call.spec, call.surface
+    body = surface.upstream_body(call.body, False)
     model = str(body.get("model", ""))
     tries = spec.attempts if spec.check else 1
+    seeded = "seed" in surface.sampling
     errors: list[SchemaError] = []
     sent = body
     for attempt in range(tries):
         current = seed + attempt * step
-        sent = {**sent, "seed": current}
-        payload = await client.post_json(call.upstream, call.route, sent, call.authorization)
+        if seeded:
+            sent = {**sent, "seed": current}
+        payload = await client.post_json(call.upstream, surface.path, sent, call.headers)
+        entry = surface.from_body(call.upstream.name, payload)  # raises for a 200 that holds no answer
         response = orjson.loads(payload)
         if not spec.check:
-            return Answer(current, payload, response, 1)
-        errors = problems(response, body, spec)
+            return Answer(current, entry, response, 1)
+        errors = surface.problems(response, body, spec.schema)
         client.metrics.schema_attempts.labels(model, "invalid" if errors else "valid").inc()
         if not errors:
-            return Answer(current, payload, response, attempt + 1)
-        if spec.feedback and isinstance(body.get("messages"), list):
+            return Answer(current, entry, response, attempt + 1)
+        if spec.feedback:
             # Only the latest failure is shown: the prompt stays the size of one correction.
-            sent = {**sent, "messages": [*body["messages"], *feedback_messages(_first_message(response), errors)]}
+            sent = surface.with_feedback(body, response, errors) or sent
     return Rejected(seed, tuple(errors), tries)
-
-
-def _first_message(response: dict[str, Any]) -> dict[str, Any]:
-    choices = response.get("choices")
-    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    message = first.get("message")
-    return message if isinstance(message, dict) else {}

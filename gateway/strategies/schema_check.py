@@ -1,21 +1,15 @@
-"""Validating answers against JSON schemas, and telling the model what to fix.
+"""Validating answers against JSON schemas.
 
-An answer is checked when its request asks for structure: `response_format` of type
-`json_schema` (its schema) or `json_object` (any JSON object), or a schema named by
-config / `x-detgate-schema`; and every tool call is checked against its tool's
-`parameters`. Validation is JSON Schema draft 2020-12 with formats checked (date-time,
-date, time, email, uuid, ipv4/6, ...: those whose checkers are installed, which
-jsonschema[format] provides).
+An answer is checked when its request asks for structure (each API surface says how:
+gateway/apis), or a schema is named by config / `x-detgate-schema`; and every tool call
+is checked against its tool's `parameters`. Validation is JSON Schema draft 2020-12
+with formats checked (date-time, date, time, email, uuid, ipv4/6, ...: those whose
+checkers are installed, which jsonschema[format] provides).
 
 Each failure is a SchemaError: where in the answer (a JSONPath like
 `$.items[2].price`), which schema keyword failed (a JSON pointer into the schema like
 `#/properties/items/items/properties/price/minimum`) and jsonschema's message. Errors
 come sorted, so the same answer always yields the same list and the same feedback.
-
-`feedback_messages` builds what a retry appends to the conversation, in the spirit of
-instructor: the model's own failed answer, then the validation errors and a request to
-answer again. Tool calls are answered with one tool message per call (the API requires
-each tool call to be answered before the next turn).
 """
 from __future__ import annotations
 
@@ -44,23 +38,11 @@ class SchemaError:
         return f"{self.path}: {self.message}{where}"
 
 
-def requested_schema(body: Mapping[str, Any], named: Mapping[str, dict] = {},
-                     name: str | None = None) -> dict | None:
-    """The schema the message content must satisfy, or None when the request asks for no
-    structure. A `name` (from config or x-detgate-schema) wins over response_format;
-    an unknown name is a KeyError naming the known ones."""
-    if name is not None:
-        if name not in named:
-            raise KeyError(f"no schema named {name!r}; known: {sorted(named)}")
-        return named[name]
-    response_format = body.get("response_format")
-    if isinstance(response_format, Mapping):
-        if response_format.get("type") == "json_object":
-            return JSON_OBJECT
-        spec = response_format.get("json_schema")
-        if response_format.get("type") == "json_schema" and isinstance(spec, Mapping):
-            return spec.get("schema", {})
-    return None
+def named_schema(named: Mapping[str, dict], name: str) -> dict:
+    """A schema from config, picked by config or x-detgate-schema; a KeyError names the known ones."""
+    if name not in named:
+        raise KeyError(f"no schema named {name!r}; known: {sorted(named)}")
+    return named[name]
 
 
 def schema_problem(schema: Any) -> str | None:
@@ -112,48 +94,17 @@ def check_content(content: Any, schema: Mapping[str, Any]) -> list[SchemaError]:
     return errors or validate(instance, schema)
 
 
-def check_tool_calls(tool_calls: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]
-                     ) -> list[SchemaError]:
-    """Validate each call's arguments against its tool's `parameters`. Paths start at
-    `tool_calls[i].function.arguments`; a call to a tool the request did not offer is
-    itself an error."""
-    parameters = {}
-    for tool in tools:
-        function = tool.get("function") if isinstance(tool, Mapping) and tool.get("type") == "function" else None
-        if isinstance(function, Mapping) and "name" in function:
-            parameters[function["name"]] = function.get("parameters", {})
+def check_calls(calls: Sequence[tuple[str, Any, Any]], parameters: Mapping[str, Any]) -> list[SchemaError]:
+    """Validate tool calls, each (path of the call, tool name, arguments as sent), against
+    the `parameters` schema of the tool of that name; a call to a tool the request did not
+    offer is itself an error."""
     errors: list[SchemaError] = []
-    for i, call in enumerate(tool_calls):
-        root = f"tool_calls[{i}].function.arguments"
-        # The upstream's output is not trusted to be well formed.
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if not isinstance(function, Mapping):
-            errors.append(SchemaError(f"tool_calls[{i}]", "", "not a function call object"))
+    for root, name, arguments in calls:
+        if not isinstance(name, str) or name not in parameters:
+            errors.append(SchemaError(f"{root}.name", "", f"{name!r} is not one of the offered tools {sorted(parameters)}"))
             continue
-        name = function.get("name")
-        if name not in parameters:
-            errors.append(SchemaError(f"tool_calls[{i}].function.name", "",
-                                      f"{name!r} is not one of the offered tools {sorted(parameters)}"))
-            continue
-        instance, parse_errors = _parse(function.get("arguments"), root)
-        errors += parse_errors or validate(instance, parameters[name], root)
-    return errors
-
-
-def check_message(message: Mapping[str, Any], body: Mapping[str, Any], named: Mapping[str, dict] = {},
-                  name: str | None = None) -> list[SchemaError]:
-    """All schema failures of one assistant message answering `body`: its content
-    against the requested schema (when one is asked for and the model did not call a
-    tool instead) and its tool calls against the offered tools."""
-    errors: list[SchemaError] = []
-    calls = message.get("tool_calls")
-    if calls:
-        if not isinstance(calls, Sequence) or isinstance(calls, str):
-            return [SchemaError("tool_calls", "", "tool_calls is not a list")]
-        errors += check_tool_calls(calls, body.get("tools") or [])
-    schema = requested_schema(body, named, name)
-    if schema is not None and not calls:
-        errors += check_content(message.get("content"), schema)
+        instance, parse_errors = _parse(arguments, f"{root}.arguments")
+        errors += parse_errors or validate(instance, parameters[name], f"{root}.arguments")
     return errors
 
 
@@ -164,30 +115,6 @@ def summary(errors: Sequence[SchemaError], limit: int = 5) -> str:
     return f"the answer does not match its schema: {shown}{more}"
 
 
-def feedback_messages(message: Mapping[str, Any], errors: Sequence[SchemaError]) -> list[dict]:
-    """The messages a retry appends after the conversation so far: the failed assistant
-    message as it was, then the errors, addressed to the model."""
-    assistant = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls", "refusal")}
-    assistant["role"] = "assistant"
-    calls = message.get("tool_calls") or []
-    if calls:
-        return [assistant, *(_tool_feedback(i, call, errors) for i, call in enumerate(calls))]
-    return [assistant, {
-        "role": "user",
-        "content": "Your answer does not match the required JSON schema. Errors (JSONPath in "
-                   "your answer: problem (failing schema keyword)):\n"
-                   f"{_listing(errors)}\nAnswer again with only the corrected JSON.",
-    }]
-
-
-def _listing(errors: Sequence[SchemaError]) -> str:
+def listing(errors: Sequence[SchemaError]) -> str:
+    """The errors as the lines of a retry's feedback to the model."""
     return "\n".join(f"- {e}" for e in errors)
-
-
-def _tool_feedback(i: int, call: Mapping[str, Any], errors: Sequence[SchemaError]) -> dict:
-    own = [e for e in errors if e.path.startswith(f"tool_calls[{i}].")]
-    content = (f"Rejected, not run: the arguments do not match the tool's schema.\n{_listing(own)}\n"
-               "Call the tool again with arguments that fix every error." if own else
-               "Not run, because another tool call in this turn was rejected; call it again.")
-    call_id = call.get("id", "") if isinstance(call, Mapping) else ""
-    return {"role": "tool", "tool_call_id": call_id, "content": content}

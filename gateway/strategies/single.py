@@ -2,39 +2,45 @@
 
 A strategy is an async callable (call, client, feed) -> Entry that raises UpstreamError
 when it cannot produce an answer worth storing. `single` makes one upstream call; every
-other spec runs vote_strategy.choose. The spec's name is part of the cache key.
+other spec runs voting.choose. The spec's name is part of the cache key.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.config import UpstreamConfig
-from gateway.cache.entry import Entry, from_body, from_events
-from gateway.errors import UpstreamError
+from gateway.apis.surface import Surface
+from gateway.cache.entry import Entry
 from gateway.cache.feed import Feed
+from gateway.config import UpstreamConfig
 from gateway.strategies.spec import SINGLE, StrategySpec
 from gateway.upstream.client import UpstreamClient
 
 
 @dataclass(frozen=True)
 class Call:
-    route: str
+    surface: Surface
     upstream: UpstreamConfig
-    body: dict  # exactly what the upstream is sent
-    authorization: str | None
+    body: dict  # what the upstream is sent, for a whole answer or a stream as `stream` says
+    headers: tuple[tuple[str, str], ...]  # credentials and keyed headers the upstream is sent
     stream: bool  # the client wants a stream
-    spec: StrategySpec = SINGLE  # what a miss runs; anything but SINGLE runs vote_strategy.choose
+    spec: StrategySpec = SINGLE  # what a miss runs; anything but SINGLE runs voting.choose
+    seed: int = 0  # the seed the key carries; sent only where the surface has seeds
+
+    @property
+    def route(self) -> str:
+        return self.surface.name
 
 
 async def single(call: Call, client: UpstreamClient, feed: Feed) -> Entry:
-    """One upstream call. A stream is pushed to `feed` event by event as it arrives."""
+    """One upstream call. A stream is pushed to `feed` frame by frame as it arrives."""
+    surface, upstream = call.surface, call.upstream
     if not call.stream:
-        payload = await client.post_json(call.upstream, call.route, call.body, call.authorization)
-        return from_body(call.route, payload)
-    events = []
-    async for data in client.stream(call.upstream, call.route, call.body, call.authorization):
-        events.append(data)
-        feed.push(data)
-    if not events:
-        raise UpstreamError.broken_stream(call.upstream.name, "no events before [DONE]")
-    return from_events(call.route, events)
+        payload = await client.post_json(upstream, surface.path, call.body, call.headers)
+        return surface.from_body(upstream.name, payload)
+    recorder = surface.recorder(upstream.name)
+    async for payload in client.stream(upstream, surface.path, call.body, call.headers):
+        frame = recorder.push(payload)
+        if frame is not None:
+            feed.model, feed.fingerprint = recorder.model, recorder.fingerprint
+            feed.push(frame)
+    return recorder.finish()

@@ -110,31 +110,6 @@ def group_of(normalized: str) -> str:
     return xxhash.xxh3_128_hexdigest(normalized.encode("utf-8", "surrogatepass"))
 
 
-def answer_text(response: Mapping[str, Any]) -> str:
-    """The answer in a chat or text completion response: the first choice's content, or
-    its tool calls as canonical JSON (arguments parsed where they are JSON). Malformed
-    parts of an upstream's response read as empty rather than raising."""
-    choices = response.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    if "text" in choice:
-        return str(choice["text"])
-    message = choice.get("message")
-    message = message if isinstance(message, dict) else {}
-    calls = message.get("tool_calls")
-    if isinstance(calls, list) and calls:
-        shaped = []
-        for call in calls:
-            function = call.get("function") if isinstance(call, dict) else None
-            function = function if isinstance(function, dict) else {}
-            arguments = function.get("arguments", "")
-            parsed = _json(arguments) if isinstance(arguments, str) else arguments
-            shaped.append({"name": function.get("name"),
-                           "arguments": arguments if parsed is _MISSING else parsed})
-        return _canonical(shaped) or ""
-    content = message.get("content")
-    return content if isinstance(content, str) else ""
-
-
 @dataclass(frozen=True)
 class Ballot:
     seed: int

@@ -19,20 +19,19 @@ import dataclasses
 from collections import Counter
 from typing import Awaitable
 
-from gateway.cache.entry import Entry, from_body
+from gateway.cache.entry import Entry
 from gateway.cache.feed import Feed
 from gateway.strategies.retries import Answer, Rejected, SchemaExhausted, answer
 from gateway.strategies.single import Call
 from gateway.upstream.client import UpstreamClient
-from gateway.strategies.vote import Ballot, Vote, answer_text, ballot, decide
+from gateway.strategies.vote import Ballot, Vote, ballot, decide
 
 
 async def choose(call: Call, client: UpstreamClient, feed: Feed) -> Entry:
     """Nothing is pushed to `feed`: no answer is final until the vote is."""
     spec = call.spec
     k = spec.vote
-    base = call.body.get("seed")
-    base = base if type(base) is int else 0
+    base = call.seed
     model = str(call.body.get("model", ""))
     answers: dict[int, Answer] = {}  # by the seed that produced it
     rejected: list[Rejected] = []
@@ -51,7 +50,7 @@ async def choose(call: Call, client: UpstreamClient, feed: Feed) -> Entry:
         for result in results:
             if isinstance(result, Answer):
                 answers[result.seed] = result
-                ballots.append(ballot(result.seed, answer_text(result.response), spec.extractor))
+                ballots.append(ballot(result.seed, call.surface.answer_text(result.response), spec.extractor))
             else:
                 rejected.append(result)
     metrics = client.metrics
@@ -69,7 +68,7 @@ async def choose(call: Call, client: UpstreamClient, feed: Feed) -> Entry:
         meta["vote"] = vote.record()
         metrics.votes.labels(model, _outcome(vote)).inc()
         metrics.vote_agreement.observe(vote.votes / vote.cast)
-    return dataclasses.replace(from_body(call.route, answers[outcome.winner.seed].payload), meta=meta)
+    return dataclasses.replace(answers[outcome.winner.seed].entry, meta=meta)
 
 
 def _outcome(vote: Vote) -> str:

@@ -1,4 +1,4 @@
-"""Calls to an upstream over HTTP with the OpenAI wire format: JSON answers and SSE streams.
+"""Calls to an upstream over HTTP: JSON answers and SSE streams, whichever API surface.
 
 Every failure leaves here as an UpstreamError carrying the status and body the client
 should see; the caller never has to know about aiohttp's exceptions.
@@ -19,7 +19,7 @@ from gateway.errors import UpstreamError
 from gateway.ops.metrics import Metrics
 from gateway.upstream.resilience import Resilience
 
-PATHS = {"chat.completions": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
+Headers = tuple[tuple[str, str], ...]
 
 
 class UpstreamClient:
@@ -41,7 +41,7 @@ class UpstreamClient:
         t = self.resilience.timeouts
         return client_timeout(deadline, t.connect, t.idle)
 
-    async def post_json(self, upstream: UpstreamConfig, route: str, body: dict, authorization: str | None,
+    async def post_json(self, upstream: UpstreamConfig, path: str, body: dict, headers: Headers,
                         deadline: Deadline | None = None) -> bytes:
         """The upstream's 200 body, retried on connection errors, timeouts, 429 and 5xx
         within `deadline` (by default the configured upstream timeout from now)."""
@@ -50,12 +50,12 @@ class UpstreamClient:
 
         async def attempt() -> bytes:
             async with self.resilience.guard(upstream.name, deadline):
-                return await self._post_once(upstream, route, data, authorization, deadline)
+                return await self._post_once(upstream, path, data, headers, deadline)
 
         return await self.resilience.call(upstream.name, attempt, deadline)
 
     @contextlib.asynccontextmanager
-    async def _post(self, upstream: UpstreamConfig, route: str, data: bytes, authorization: str | None,
+    async def _post(self, upstream: UpstreamConfig, path: str, data: bytes, headers: Headers,
                     deadline: Deadline) -> AsyncIterator[aiohttp.ClientResponse]:
         """The upstream's 200 response; any other status raises its UpstreamError. The call's
         status and latency are recorded when the caller is done with the response."""
@@ -64,11 +64,11 @@ class UpstreamClient:
         started = time.perf_counter()
         status = 502
         try:
-            async with self.session.post(upstream.url + PATHS[route], data=data, headers=_headers(authorization),
+            async with self.session.post(upstream.url + path, data=data, headers=_headers(headers),
                                          timeout=self._timeout(deadline)) as resp:
                 status = resp.status
                 if resp.status != 200:
-                    raise UpstreamError(resp.status, _scrubbed(await resp.read(), authorization), resp.content_type,
+                    raise UpstreamError(resp.status, scrubbed(await resp.read(), headers), resp.content_type,
                                         dict(resp.headers))
                 yield resp
         except asyncio.TimeoutError:
@@ -77,16 +77,17 @@ class UpstreamClient:
         finally:
             self._record(upstream.name, status, started)
 
-    async def _post_once(self, upstream: UpstreamConfig, route: str, data: bytes, authorization: str | None,
+    async def _post_once(self, upstream: UpstreamConfig, path: str, data: bytes, headers: Headers,
                          deadline: Deadline) -> bytes:
-        async with self._post(upstream, route, data, authorization, deadline) as resp:
+        async with self._post(upstream, path, data, headers, deadline) as resp:
             payload = await resp.read()
         _check_json(upstream.name, payload)
         return payload
 
-    async def stream(self, upstream: UpstreamConfig, route: str, body: dict, authorization: str | None,
+    async def stream(self, upstream: UpstreamConfig, path: str, body: dict, headers: Headers,
                      deadline: Deadline | None = None) -> AsyncIterator[bytes]:
-        """The payloads of the upstream's SSE events up to [DONE]; raises unless [DONE] came.
+        """The payloads of the upstream's SSE events until the stream ends or sends [DONE]
+        (yielded too). Whether the stream was complete is its surface's to judge.
 
         Retried like post_json until the first event arrives; after that the event is on
         its way to clients, and a break can only end the stream with an error.
@@ -95,7 +96,7 @@ class UpstreamClient:
         data = orjson.dumps(body)
 
         async def attempt() -> tuple[AsyncIterator[bytes], bytes | None]:
-            events = self._stream_once(upstream, route, data, authorization, deadline)
+            events = self._stream_once(upstream, path, data, headers, deadline)
             try:
                 return events, await anext(events)
             except StopAsyncIteration:
@@ -109,38 +110,35 @@ class UpstreamClient:
             async for payload in events:
                 yield payload
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:  # ValueError: an overlong line
-            raise UpstreamError.broken_stream(upstream.name, repr(exc)) from exc
+            raise UpstreamError.broken_stream(upstream.name, "the connection failed", repr(exc)) from exc
         finally:
             await events.aclose()
 
-    async def _stream_once(self, upstream: UpstreamConfig, route: str, data: bytes, authorization: str | None,
+    async def _stream_once(self, upstream: UpstreamConfig, path: str, data: bytes, headers: Headers,
                            deadline: Deadline) -> AsyncIterator[bytes]:
         # The slot and the breaker permit are held until the stream ends, so a stream that
         # breaks mid-way counts against the upstream's health like any other failure.
         async with self.resilience.guard(upstream.name, deadline), \
-                self._post(upstream, route, data, authorization, deadline) as resp:
+                self._post(upstream, path, data, headers, deadline) as resp:
             async for payload in _sse_payloads(resp.content):
+                yield payload
                 if payload == b"[DONE]":
                     return
-                _check_chunk(upstream.name, payload)
-                yield payload
-            raise aiohttp.ClientPayloadError(f"upstream {upstream.name!r} closed its stream before [DONE]")
 
 
-def _headers(authorization: str | None) -> dict[str, str]:
-    headers = {"Content-Type": "application/json"}
-    if authorization:
-        headers["Authorization"] = authorization
-    return headers
+def _headers(headers: Headers) -> dict[str, str]:
+    return {"Content-Type": "application/json", **dict(headers)}
 
 
-def _scrubbed(payload: bytes, authorization: str | None) -> bytes:
-    """An upstream's error body with the credential it was sent taken out: some providers
+def scrubbed(payload: bytes, headers: Headers) -> bytes:
+    """An upstream's error body with the credentials it was sent taken out: some providers
     quote the key they rejected, and an error is passed on to the client."""
-    if not authorization:
-        return payload
-    token = authorization.partition(" ")[2].strip().encode() or authorization.encode()
-    return payload.replace(token, b"[redacted]") if token in payload else payload
+    for name, value in headers:
+        if name.lower() in ("authorization", "x-api-key"):
+            token = (value.partition(" ")[2].strip() if " " in value else value).encode()
+            if token and token in payload:
+                payload = payload.replace(token, b"[redacted]")
+    return payload
 
 
 def _check_json(upstream: str, payload: bytes) -> None:
@@ -148,16 +146,8 @@ def _check_json(upstream: str, payload: bytes) -> None:
         if not isinstance(orjson.loads(payload), dict):
             raise ValueError("not a JSON object")
     except ValueError as exc:
-        raise UpstreamError.unreachable(upstream, f"answered 200 with a body that is not a JSON object ({exc})") from exc
-
-
-def _check_chunk(upstream: str, data: bytes) -> None:
-    try:
-        chunk = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise UpstreamError.broken_stream(upstream, f"an event that is not JSON ({exc})") from exc
-    if not isinstance(chunk, dict) or "error" in chunk:
-        raise UpstreamError.broken_stream(upstream, f"error event {data[:500]!r}")
+        raise UpstreamError.unreachable(upstream, "it answered 200 with a body that is not a JSON object",
+                                        repr(exc)) from exc
 
 
 async def _sse_payloads(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:

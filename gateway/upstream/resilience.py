@@ -18,7 +18,7 @@ from gateway.upstream.breaker import BreakerConfig, Breakers, CircuitOpen, State
 from gateway.upstream.concurrency import Saturated, UpstreamSlots
 from gateway.config import Settings
 from gateway.upstream.deadline import Deadline
-from gateway.errors import UpstreamError, error_body
+from gateway.errors import UpstreamError
 from gateway.ops.metrics import Metrics
 from gateway.ingress.ratelimit import retry_after_header
 from gateway.upstream.retry import GaveUp, RetryPolicy, call_with_retries
@@ -83,15 +83,16 @@ class Resilience:
 
 def as_upstream_error(upstream: str, exc: GaveUp) -> UpstreamError:
     """The error a client gets when an upstream call failed for good: the upstream's own
-    error as it came, or the gateway's own in OpenAI's shape."""
+    error as it came, or one the gateway words."""
     last = exc.last
     if isinstance(last, UpstreamError):
         return last
     if isinstance(last, (CircuitOpen, Saturated)):
         kind = "rate_limit_error" if isinstance(last, Saturated) else "upstream_error"
-        return UpstreamError(last.http_status, error_body(str(last), type=kind, code=last.code),
-                             headers={"retry-after": retry_after_header(last.retry_after)})
+        return UpstreamError(last.http_status, headers={"retry-after": retry_after_header(last.retry_after)},
+                             message=str(last), type=kind, code=last.code)
+    attempts = f"after {len(exc.attempts)} attempt(s)"
     if isinstance(last, TimeoutError):
-        why = "no answer within the call's deadline" if exc.why == "deadline" else f"timed out ({last!r})"
-        return UpstreamError.unreachable(upstream, f"{why} after {len(exc.attempts)} attempt(s)", 504)
-    return UpstreamError.unreachable(upstream, f"{last!r} after {len(exc.attempts)} attempt(s)", 502)
+        why = "no answer within the call's deadline" if exc.why == "deadline" else "timed out"
+        return UpstreamError.unreachable(upstream, f"{why} {attempts}", repr(last), status=504)
+    return UpstreamError.unreachable(upstream, f"the connection failed {attempts}", repr(last))

@@ -9,6 +9,7 @@ import time
 
 import orjson
 
+from gateway.apis import SURFACES
 from gateway.ops.canary import answer_digest
 from gateway.state import METRICS
 from gw_http import REPO, SECRET, get
@@ -44,14 +45,14 @@ def test_the_digest_ignores_what_differs_on_every_call():
     renamed = {**message, "tool_calls": [{**message["tool_calls"][0], "id": "call_2"}]}
     two = {**one, "id": "b", "created": 2, "choices": [{**one["choices"][0], "message": renamed}]}
     other = {**one, "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}}]}
-    digest = answer_digest("chat.completions", orjson.dumps(one))
-    assert digest == answer_digest("chat.completions", orjson.dumps(two))
-    assert digest != answer_digest("chat.completions", orjson.dumps(other))
+    digest = answer_digest(SURFACES["chat.completions"], orjson.dumps(one))
+    assert digest == answer_digest(SURFACES["chat.completions"], orjson.dumps(two))
+    assert digest != answer_digest(SURFACES["chat.completions"], orjson.dumps(other))
     text = {"choices": [{"text": "a"}]}
-    assert answer_digest("completions", orjson.dumps(text)) != answer_digest("completions", orjson.dumps(
+    assert answer_digest(SURFACES["completions"], orjson.dumps(text)) != answer_digest(SURFACES["completions"], orjson.dumps(
         {"choices": [{"text": "b"}]}))
-    assert answer_digest("embeddings", orjson.dumps({"data": [{"embedding": [0.5]}]})) != \
-        answer_digest("embeddings", orjson.dumps({"data": [{"embedding": [0.25]}]}))
+    assert answer_digest(SURFACES["embeddings"], orjson.dumps({"data": [{"embedding": [0.5]}]})) != \
+        answer_digest(SURFACES["embeddings"], orjson.dumps({"data": [{"embedding": [0.25]}]}))
 
 
 def test_probe_records_then_matches_then_catches_a_changed_answer(upstream, redis_url, tmp_path):
@@ -76,7 +77,7 @@ def test_probe_records_then_matches_then_catches_a_changed_answer(upstream, redi
 def test_probe_reports_an_upstream_failure_and_a_pinned_digest(upstream, tmp_path):
     fake, url = upstream
     fake.behaviour.answer = "Hello there."
-    digest = answer_digest("chat.completions", orjson.dumps({"choices": [{"message": {"content": "Hello there."}}]}))
+    digest = answer_digest(SURFACES["chat.completions"], orjson.dumps({"choices": [{"message": {"content": "Hello there."}}]}))
     canaries = (f'[[canaries]]\nname = "pinned"\nmodel = "m1"\nexpect = "{digest}"\n'
                 'body = { messages = [{ role = "user", content = "Say hello." }] }\n'
                 '[[canaries]]\nname = "broken"\nmodel = "m1"\nroute = "completions"\nbody = { prompt = "x" }')

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gateway.policy.hidden_vars as hv
+from gateway.apis import SURFACES
 from gateway.policy.hidden_vars import Finding, find, scan, warning
 
 NOW_DT = dt.datetime(2026, 11, 22, 16, 17, 30, tzinfo=dt.timezone.utc)
@@ -132,19 +133,19 @@ def test_scan_walks_prompt_texts_with_paths():
                                      {"type": "text", "text": "rid 4b1a9c0e7d2f8a31"},
                                      {"type": "image_url", "image_url": {"url": "data:3f2b8c1e-9a4d-4c2b-8f1e-2b3c4d5e6f70"}}]},
     ]}
-    assert scan("chat.completions", body, NOW) == [
+    assert scan(SURFACES["chat.completions"].texts(body), NOW) == [
         Finding("date", 14, 24, "messages[0].content"),
         Finding("hex_id", 4, 20, "messages[1].content[1].text"),
     ]
-    assert [f.path for f in scan("completions", {"prompt": ["a", "t=1795364250"]}, NOW)] == ["prompt[1]"]
-    assert [f.path for f in scan("embeddings", {"input": "2026-11-22"}, NOW)] == ["input"]
-    assert scan("chat.completions", {"messages": "not a list"}, NOW) == []
+    assert [f.path for f in scan(SURFACES["completions"].texts({"prompt": ["a", "t=1795364250"]}), NOW)] == ["prompt[1]"]
+    assert [f.path for f in scan(SURFACES["embeddings"].texts({"input": "2026-11-22"}), NOW)] == ["input"]
+    assert scan(SURFACES["chat.completions"].texts({"messages": "not a list"}), NOW) == []
 
 
 def test_warning_is_one_ascii_line_naming_kinds_and_place():
     assert warning([]) is None
-    found = scan("chat.completions", {"messages": [
-        {"role": "user", "content": "id 4b1a9c0e7d2f8a31 at 2026-11-22T10:00:00Z"}]}, NOW)
+    found = scan(SURFACES["chat.completions"].texts({"messages": [
+        {"role": "user", "content": "id 4b1a9c0e7d2f8a31 at 2026-11-22T10:00:00Z"}]}), NOW)
     line = warning(found)
     assert line.isascii() and "\n" not in line
     assert "datetime, hex_id" in line and "messages[0].content[3:19]" in line

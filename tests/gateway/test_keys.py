@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.policy.canonical import canonical_json, canonicalize
+from gateway.apis import SURFACES
+from gateway.policy.canonical import canonical_json
 from gateway.policy.keys import (
     KEY_PREFIX,
     KEY_SCHEMA_VERSION,
@@ -23,8 +24,8 @@ from gateway.policy.keys import (
 
 SECRET = b"s3cret-for-tests"
 PARTS = KeyParts("acme", "openai", "gpt-4o-2024-08-06", "chat.completions", "single",
-                 canonical_json(canonicalize("chat.completions",
-                                             {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}).body))
+                 canonical_json(SURFACES["chat.completions"].canonical(
+                     {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, True).key))
 
 fields = st.text(max_size=6)
 key_parts = st.builds(KeyParts, fields, fields, fields, fields, fields, st.binary(max_size=12))
@@ -32,7 +33,7 @@ key_parts = st.builds(KeyParts, fields, fields, fields, fields, fields, st.binar
 
 def test_key_is_short_printable_and_redis_safe():
     key = sign(SECRET, PARTS)
-    assert re.fullmatch(r"dg1:[0-9a-f]{64}", key)
+    assert re.fullmatch(r"dg2:[0-9a-f]{64}", key)
     assert KEY_PREFIX == f"dg{KEY_SCHEMA_VERSION}:"
 
 
@@ -54,10 +55,10 @@ def test_key_is_hmac_sha256_of_the_documented_encoding():
         return len(b).to_bytes(8, "big") + b
 
     parts = KeyParts("t", "u", "m", "chat.completions", "single", b'{"a":1}')
-    message = field(b"detgate/key") + (1).to_bytes(4, "big") + b"".join(
-        field(x) for x in (b"t", b"u", b"m", b"chat.completions", b"single", b'{"a":1}'))
-    expected = "dg1:" + hmac.new(b"k", message, hashlib.sha256).hexdigest()
-    assert sign(b"k", parts) == expected == "dg1:f6af73b9a4630b797507549ddac791ed3e4b808fb76fc4f560d061bf1276e087"
+    message = field(b"detgate/key") + (2).to_bytes(4, "big") + b"".join(
+        field(x) for x in (b"t", b"u", b"m", b"chat.completions", b"single", b'{"a":1}', b""))
+    expected = "dg2:" + hmac.new(b"k", message, hashlib.sha256).hexdigest()
+    assert sign(b"k", parts) == expected == "dg2:f455ae8f0800a02d16c88672e0b7b1bbb8b9d3238b99f752b20f78f95e9a7228"
 
 
 def test_a_different_secret_gives_a_different_key():

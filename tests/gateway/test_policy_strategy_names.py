@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.apis import SURFACES
 from gateway.config import Settings
 from gateway.errors import ApiError
 from gateway.policy.apply import Hints, apply_policy
@@ -13,7 +14,7 @@ SCHEMA = {"type": "object", "required": ["a"]}
 
 def policy(body=CHAT, hints=Hints(None, None, None), **settings):
     s = Settings.model_validate({"upstreams": ["u=http://127.0.0.1:1/v1"], **settings})
-    return apply_policy("chat.completions", body, s.upstreams[0], s.rules, hints)
+    return apply_policy(SURFACES["chat.completions"], body, s.upstreams[0], s.rules, hints)
 
 
 def test_a_plain_request_is_single_and_a_vote_names_its_k():

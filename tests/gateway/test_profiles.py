@@ -4,7 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.policy.canonical import canonical_json, canonicalize
+from gateway.apis import SURFACES
+from gateway.policy.canonical import canonical_json
+from gateway.apis.choices import merge_n
 from gateway.policy.profiles import (
     DEFAULT_ALIASES,
     MODES,
@@ -13,7 +15,6 @@ from gateway.policy.profiles import (
     RandomnessError,
     alias_table,
     derandomize,
-    merge_n,
     parse_mode,
     profile_from_dict,
     resolve_model,
@@ -28,7 +29,7 @@ def chat(**params):
 
 
 def test_enforce_takes_every_source_of_randomness_out():
-    body, warnings = derandomize("chat.completions", chat(top_p=0.9, top_k=40), OPENAI, "enforce")
+    body, warnings = derandomize(SURFACES["chat.completions"].sampling, chat(top_p=0.9, top_k=40), OPENAI, "enforce")
     assert body == chat(temperature=0, top_p=1, seed=0)
     assert warnings == ["temperature set to 0 (was absent)", "top_p forced to 1 (was 0.9)",
                         "top_k removed", "seed set to 0 (was absent)"]
@@ -37,41 +38,41 @@ def test_enforce_takes_every_source_of_randomness_out():
 
 def test_enforce_on_an_already_deterministic_request_changes_nothing_and_warns_nothing():
     request = chat(temperature=0, top_p=1, seed=7)
-    assert derandomize("chat.completions", request, OPENAI, "enforce") == (request, [])
+    assert derandomize(SURFACES["chat.completions"].sampling, request, OPENAI, "enforce") == (request, [])
 
 
 def test_absent_top_p_is_made_explicit_without_a_warning():
-    body, warnings = derandomize("completions", {"model": "m", "prompt": "p", "temperature": 0, "seed": 1},
+    body, warnings = derandomize(SURFACES["completions"].sampling, {"model": "m", "prompt": "p", "temperature": 0, "seed": 1},
                                  GENERIC, "enforce")
     assert body["top_p"] == 1 and warnings == []
 
 
 def test_null_counts_as_absent():
-    body, _ = derandomize("chat.completions", chat(temperature=None, seed=None, top_p=None), OPENAI, "enforce")
+    body, _ = derandomize(SURFACES["chat.completions"].sampling, chat(temperature=None, seed=None, top_p=None), OPENAI, "enforce")
     assert body["temperature"] == 0 and body["seed"] == 0 and body["top_p"] == 1
 
 
 def test_positive_temperature_is_kept_but_warned_about_on_black_box_providers():
-    body, warnings = derandomize("chat.completions", chat(temperature=0.7, seed=3), OPENAI, "enforce")
+    body, warnings = derandomize(SURFACES["chat.completions"].sampling, chat(temperature=0.7, seed=3), OPENAI, "enforce")
     assert body["temperature"] == 0.7
     assert warnings == ["temperature 0.7 samples; openai honours a seed on a best-effort basis only"]
 
 
 def test_a_profile_that_cannot_take_zero_sends_a_tiny_positive_value():
     tiny = profile_from_dict({"name": "fussy", "zero_temperature": 1e-5})
-    body, warnings = derandomize("chat.completions", chat(seed=1), tiny, "enforce")
+    body, warnings = derandomize(SURFACES["chat.completions"].sampling, chat(seed=1), tiny, "enforce")
     assert body["temperature"] == 1e-5 and warnings == ["temperature set to 1e-05 (was absent)"]
-    body, warnings = derandomize("chat.completions", chat(temperature=0, seed=1), tiny, "enforce")
+    body, warnings = derandomize(SURFACES["chat.completions"].sampling, chat(temperature=0, seed=1), tiny, "enforce")
     assert body["temperature"] == 1e-5 and "reads 0 as its default" in warnings[0]
-    assert derandomize("chat.completions", body, tiny, "enforce") == (body, [])
-    assert derandomize("chat.completions", body, tiny, "reject") == (body, [])
+    assert derandomize(SURFACES["chat.completions"].sampling, body, tiny, "enforce") == (body, [])
+    assert derandomize(SURFACES["chat.completions"].sampling, body, tiny, "reject") == (body, [])
 
 
 def test_whitebox_keeps_sampling_as_given_but_fixes_the_seed():
     request = chat(temperature=0.8, top_p=0.5, top_k=20)
-    body, warnings = derandomize("chat.completions", request, WHITEBOX, "enforce")
+    body, warnings = derandomize(SURFACES["chat.completions"].sampling, request, WHITEBOX, "enforce")
     assert body == {**request, "seed": 0} and warnings == ["seed set to 0 (was absent)"]
-    assert derandomize("chat.completions", chat(seed=5), WHITEBOX, "enforce") == (chat(seed=5), [])
+    assert derandomize(SURFACES["chat.completions"].sampling, chat(seed=5), WHITEBOX, "enforce") == (chat(seed=5), [])
 
 
 @pytest.mark.parametrize("request_, param", [
@@ -83,7 +84,7 @@ def test_whitebox_keeps_sampling_as_given_but_fixes_the_seed():
 ])
 def test_reject_names_the_parameter_that_adds_randomness(request_, param):
     with pytest.raises(RandomnessError) as err:
-        derandomize("chat.completions", request_, OPENAI, "reject")
+        derandomize(SURFACES["chat.completions"].sampling, request_, OPENAI, "reject")
     error = err.value.error()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error"
     assert set(error) == {"message", "type", "param", "code"} and param in error["message"]
@@ -91,19 +92,19 @@ def test_reject_names_the_parameter_that_adds_randomness(request_, param):
 
 def test_reject_passes_a_deterministic_request_untouched():
     request = chat(temperature=0, seed=1)
-    assert derandomize("chat.completions", request, OPENAI, "reject") == (request, [])
+    assert derandomize(SURFACES["chat.completions"].sampling, request, OPENAI, "reject") == (request, [])
 
 
 def test_off_and_embeddings_pass_through():
     request = chat(top_k=3)
-    assert derandomize("chat.completions", request, OPENAI, "off") == (request, [])
+    assert derandomize(SURFACES["chat.completions"].sampling, request, OPENAI, "off") == (request, [])
     emb = {"model": "e", "input": "x"}
-    assert derandomize("embeddings", emb, OPENAI, "enforce") == (emb, [])
+    assert derandomize(SURFACES["embeddings"].sampling, emb, OPENAI, "enforce") == (emb, [])
 
 
 def test_unknown_mode_is_an_error():
     with pytest.raises(ValueError):
-        derandomize("chat.completions", chat(), OPENAI, "sometimes")
+        derandomize(SURFACES["chat.completions"].sampling, chat(), OPENAI, "sometimes")
 
 
 def test_parse_mode():
@@ -116,13 +117,13 @@ def test_n_is_refused_by_a_reject_profile_in_both_modes():
     strict = profile_from_dict({"name": "one-at-a-time", "n_policy": "reject"})
     for mode in ("enforce", "reject"):
         with pytest.raises(RandomnessError) as err:
-            derandomize("chat.completions", chat(temperature=0, seed=1, n=3), strict, mode)
+            derandomize(SURFACES["chat.completions"].sampling, chat(temperature=0, seed=1, n=3), strict, mode)
         assert err.value.param == "n"
-    assert derandomize("chat.completions", chat(n=3), strict, "off")[0]["n"] == 3
+    assert derandomize(SURFACES["chat.completions"].sampling, chat(n=3), strict, "off")[0]["n"] == 3
 
 
 def test_n_split_plan_has_consecutive_seeds_and_one_answer_each():
-    body, _ = derandomize("chat.completions", chat(n=3, seed=10), OPENAI, "enforce")
+    body, _ = derandomize(SURFACES["chat.completions"].sampling, chat(n=3, seed=10), OPENAI, "enforce")
     plan = split_n(body)
     assert [p["seed"] for p in plan] == [10, 11, 12]
     assert all("n" not in p and p["messages"] == body["messages"] for p in plan)
@@ -130,8 +131,8 @@ def test_n_split_plan_has_consecutive_seeds_and_one_answer_each():
 
 
 def test_sub_requests_get_distinct_keys():
-    plan = split_n(derandomize("chat.completions", chat(n=4), OPENAI, "enforce")[0])
-    assert len({canonical_json(canonicalize("chat.completions", p).body) for p in plan}) == 4
+    plan = split_n(derandomize(SURFACES["chat.completions"].sampling, chat(n=4), OPENAI, "enforce")[0])
+    assert len({canonical_json(SURFACES["chat.completions"].canonical(p, True).key) for p in plan}) == 4
 
 
 def response(i, text, completion_tokens=3):
@@ -169,14 +170,14 @@ def test_merge_n_without_usage_everywhere_leaves_the_first_usage_alone():
 def test_enforce_is_idempotent_and_pure(params, profile):
     request = chat(**params)
     before = copy.deepcopy(request)
-    once, _ = derandomize("chat.completions", request, profile, "enforce")
+    once, _ = derandomize(SURFACES["chat.completions"].sampling, request, profile, "enforce")
     assert request == before
-    again, warnings = derandomize("chat.completions", once, profile, "enforce")
+    again, warnings = derandomize(SURFACES["chat.completions"].sampling, once, profile, "enforce")
     assert again == once
     assert all(w.startswith("temperature ") for w in warnings)  # only the best-effort note repeats
     # What enforce produced, reject accepts, unless it samples on a black-box provider.
     if not (profile.fix_sampling and once["temperature"] not in (0, profile.zero_temperature)):
-        assert derandomize("chat.completions", once, profile, "reject") == (once, [])
+        assert derandomize(SURFACES["chat.completions"].sampling, once, profile, "reject") == (once, [])
 
 
 def test_user_defined_profile_from_config():

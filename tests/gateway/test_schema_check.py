@@ -3,18 +3,38 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.apis import SURFACES
 from gateway.strategies.schema_check import (
     JSON_OBJECT,
     SchemaError,
     check_content,
-    check_message,
-    check_tool_calls,
-    feedback_messages,
-    requested_schema,
+    named_schema,
     schema_problem,
     summary,
     validate,
 )
+
+CHAT = SURFACES["chat.completions"]
+
+
+# The chat surface's schema hooks, called as one answer's checks.
+def requested_schema(body, named={}, name=None):
+    if name is not None:
+        return named_schema(named, name)
+    found = CHAT.requested_schema(body)
+    return found[1] if found else None
+
+
+def check_tool_calls(calls, tools):
+    return CHAT.problems({"choices": [{"message": {"tool_calls": calls}}]}, {"tools": tools}, None)
+
+
+def check_message(message, body, named={}, name=None):
+    return CHAT.problems({"choices": [{"message": message}]}, body, requested_schema(body, named, name))
+
+
+def feedback_messages(message, errors):
+    return CHAT.with_feedback({"messages": []}, {"choices": [{"message": message}]}, errors)["messages"]
 
 ORDER = {
     "type": "object",

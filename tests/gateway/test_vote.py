@@ -2,9 +2,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.apis import SURFACES
 from gateway.strategies.vote import (
     Ballot,
-    answer_text,
     ballot,
     decide,
     extractor_from_dict,
@@ -75,9 +75,12 @@ def test_groups_are_digests_of_the_normalized_form():
     assert len(group_of("x")) == 32
 
 
+answer_text = SURFACES["chat.completions"].answer_text
+
+
 def test_answer_text_reads_chat_text_and_tool_calls():
     assert answer_text({"choices": [{"message": {"content": "hi"}}]}) == "hi"
-    assert answer_text({"choices": [{"text": "done"}]}) == "done"
+    assert SURFACES["completions"].answer_text({"choices": [{"text": "done"}]}) == "done"
     call = lambda args: {"choices": [{"message": {"content": None, "tool_calls": [
         {"id": "random-id", "type": "function", "function": {"name": "f", "arguments": args}}]}}]}
     assert answer_text(call('{"b": 2, "a": 1}')) == answer_text(call('{"a":1,"b":2.0}'))

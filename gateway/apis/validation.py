@@ -1,12 +1,13 @@
-"""Request validation for the cached routes: enough of OpenAI's schema to reject what no
-upstream would accept, with an error that names the offending parameter.
+"""Request validation: enough of each wire's schema to reject what no upstream would
+accept, with an error that names the offending parameter.
 
 Only validated, never rewritten: unknown fields pass on (a new upstream parameter must
-keep working, and it stays part of the cache key).
+keep working, and it stays part of the cache key). Each surface declares its pydantic
+model from the pieces here and validates with `check`.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, TypeAdapter, ValidationError
 
@@ -15,20 +16,13 @@ from gateway.errors import ApiError
 Number = Union[StrictInt, StrictFloat]
 
 
-class _Open(BaseModel):
+class Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class ContentPart(_Open):
-    type: StrictStr
+class Sampling(Open):
+    """What chat and text completions share."""
 
-
-class Message(_Open):
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: StrictStr | list[ContentPart] | None = None
-
-
-class _Sampling(_Open):
     model: Annotated[StrictStr, Field(min_length=1)]
     stream: StrictBool | None = None
     n: Annotated[StrictInt, Field(ge=1, le=128)] | None = None
@@ -39,37 +33,15 @@ class _Sampling(_Open):
     stop: StrictStr | list[StrictStr] | None = None
 
 
-class ChatRequest(_Sampling):
-    messages: Annotated[list[Message], Field(min_length=1)]
-    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-
-
 Tokens = list[StrictInt]
 
 
-class CompletionRequest(_Sampling):
-    prompt: StrictStr | list[StrictStr] | Tokens | list[Tokens]
-
-
-class EmbeddingRequest(_Open):
-    model: Annotated[StrictStr, Field(min_length=1)]
-    input: StrictStr | list[StrictStr] | Tokens | list[Tokens]
-    encoding_format: Literal["float", "base64"] | None = None
-    dimensions: Annotated[StrictInt, Field(ge=1)] | None = None
-
-
-_ADAPTERS = {
-    "chat.completions": TypeAdapter(ChatRequest),
-    "completions": TypeAdapter(CompletionRequest),
-    "embeddings": TypeAdapter(EmbeddingRequest),
-}
-
-
-def validate(route: str, body: Any) -> None:
+def check(adapter: TypeAdapter, body: Any) -> None:
+    """Raises ApiError (400) naming the first offending parameter."""
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", code="invalid_body")
     try:
-        _ADAPTERS[route].validate_python(body)
+        adapter.validate_python(body)
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
         param = _param(error["loc"])

@@ -1,0 +1,7 @@
+"""The API surfaces the gateway caches, one module per wire format (see surface.py)."""
+from __future__ import annotations
+
+from gateway.apis import chat_completions, completions, embeddings
+from gateway.apis.surface import Surface
+
+SURFACES: dict[str, Surface] = {s.name: s for s in (chat_completions.SURFACE, completions.SURFACE, embeddings.SURFACE)}

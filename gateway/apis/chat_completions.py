@@ -1,0 +1,262 @@
+"""OpenAI Chat Completions (`POST /v1/chat/completions`), and every provider that speaks it."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Iterator, Literal
+
+import orjson
+from pydantic import Field, StrictInt, StrictStr, TypeAdapter
+
+from gateway.apis import choices
+from gateway.apis.surface import Recorder, Surface, View
+from gateway.apis.validation import Open, Sampling, check
+from gateway.cache.entry import Entry
+from gateway.policy import canonical as c
+from gateway.strategies.schema_check import JSON_OBJECT, SchemaError, check_calls, check_content, listing
+
+
+class ContentPart(Open):
+    type: StrictStr
+
+
+class Message(Open):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: StrictStr | list[ContentPart] | None = None
+
+
+class ChatRequest(Sampling):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+
+
+_REQUEST = TypeAdapter(ChatRequest)
+
+# Optional request fields whose null means "absent" in the API. Unknown fields are not
+# listed: their null may mean something to the provider that defined them.
+_NULLABLE = frozenset({
+    "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
+    "max_completion_tokens", "max_tokens", "modalities", "n", "parallel_tool_calls",
+    "prediction", "presence_penalty", "reasoning_effort", "response_format", "seed",
+    "stop", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "verbosity",
+    "web_search_options",
+})
+_FIELD_RULES: dict[str, c.FieldRule] = {
+    "messages": c.messages, "stop": c.stop, "tools": c.tools, "functions": c.functions,
+    "response_format": c.response_format,
+}
+
+
+def _new_choice(index: int) -> dict[str, Any]:
+    return {"index": index, "message": {"role": "assistant", "content": None}, "logprobs": None, "finish_reason": None}
+
+
+def _add(choice: dict[str, Any], part: dict[str, Any]) -> None:
+    delta = part.get("delta")
+    if isinstance(delta, dict):
+        choices.merge(choice["message"], delta)
+    if isinstance(part.get("logprobs"), dict):
+        if not isinstance(choice["logprobs"], dict):
+            choice["logprobs"] = {}
+        choices.merge(choice["logprobs"], part["logprobs"])
+    if part.get("finish_reason") is not None:
+        choice["finish_reason"] = part["finish_reason"]
+
+
+def _settle(choice: dict[str, Any]) -> None:
+    # Tool-call deltas are merged by index; a whole message's calls carry none.
+    for call in _list(choice["message"].get("tool_calls")):
+        if isinstance(call, dict):
+            call.pop("index", None)
+
+
+def _chunks(parsed: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stream a whole answer stands for: each choice's message in one delta, then its finish."""
+    head = choices.head(parsed, "chat.completion.chunk")
+    out = []
+    for choice in parsed["choices"]:
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        delta = {k: v for k, v in message.items() if v is not None and k != "tool_calls"}
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+        index = choice.get("index", 0)
+        out.append({**head, "choices": [{"index": index, "delta": delta, "logprobs": choice.get("logprobs"),
+                                         "finish_reason": None}]})
+        out.append({**head, "choices": [{"index": index, "delta": {}, "logprobs": None,
+                                         "finish_reason": choice.get("finish_reason")}]})
+    return out
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _first_message(response: dict[str, Any]) -> dict[str, Any]:
+    first = _list(response.get("choices"))
+    return _dict(_dict(first[0]).get("message")) if first else {}
+
+
+class ChatCompletions(Surface):
+    name = "chat.completions"
+    path = "/chat/completions"
+    sampling = frozenset({"temperature", "top_p", "top_k", "seed", "n"})
+    checks_schemas = True
+
+    def validate(self, body: Any) -> None:
+        check(_REQUEST, body)
+
+    def canonical(self, body: dict, text: bool) -> c.Canonical:
+        return c.canonicalize(body, _NULLABLE, _FIELD_RULES)
+
+    def view(self, body: dict) -> View:
+        return choices.view(body)
+
+    def upstream_body(self, sent: dict, stream: bool) -> dict:
+        return choices.upstream_body(sent, stream)
+
+    def message_count(self, body: dict) -> int:
+        return len(body.get("messages") or ())
+
+    def texts(self, body: dict) -> Iterator[tuple[str, str]]:
+        for i, message in enumerate(_list(body.get("messages"))):
+            content = _dict(message).get("content")
+            if isinstance(content, str):
+                yield f"messages[{i}].content", content
+            for j, part in enumerate(_list(content)):
+                if isinstance(_dict(part).get("text"), str):
+                    yield f"messages[{i}].content[{j}].text", part["text"]
+
+    def from_body(self, upstream: str, payload: bytes) -> Entry:
+        parsed = orjson.loads(payload)
+        found = choices.check_answer(upstream, parsed, payload)
+        stream = b"".join(choices.frame(orjson.dumps(chunk)) for chunk in _chunks(parsed))
+        return Entry(payload, stream, str(parsed.get("model") or ""), choices.finish_class(found),
+                     choices.usage_frame(parsed, "chat.completion.chunk"))
+
+    def recorder(self, upstream: str) -> Recorder:
+        return choices.ChoicesRecorder(upstream, "chat.completion", "chat.completion.chunk", _add, _new_choice,
+                                       _settle)
+
+    def render(self, entry: Entry, view: View) -> bytes:
+        return choices.render(entry, view)
+
+    def stream_end(self, entry: Entry, view: View) -> bytes:
+        return choices.stream_end(entry, view)
+
+    def fingerprint(self, body: bytes) -> str | None:
+        value = _dict(orjson.loads(body)).get("system_fingerprint")
+        return value if isinstance(value, str) and value else None
+
+    def answer_parts(self, parsed: dict) -> list:
+        parts = []
+        for choice in map(_dict, _list(parsed.get("choices"))):
+            message = _dict(choice.get("message"))
+            calls = [_dict(_dict(call).get("function")) for call in _list(message.get("tool_calls"))]
+            parts.append({"content": message.get("content"), "refusal": message.get("refusal"),
+                          "tool_calls": [{"name": f.get("name"), "arguments": f.get("arguments")} for f in calls]})
+        return parts
+
+    def answer_text(self, response: dict) -> str:
+        """The first choice's content, or its tool calls as canonical JSON (arguments
+        parsed where they are JSON)."""
+        message = _first_message(response)
+        calls = _list(message.get("tool_calls"))
+        if calls:
+            shaped = []
+            for call in calls:
+                function = _dict(_dict(call).get("function"))
+                arguments = function.get("arguments", "")
+                try:
+                    parsed = orjson.loads(arguments) if isinstance(arguments, str) else arguments
+                except orjson.JSONDecodeError:
+                    parsed = arguments
+                shaped.append({"name": function.get("name"), "arguments": parsed})
+            try:
+                return c.canonical_json(shaped).decode()
+            except c.CanonicalError:
+                return ""
+        content = message.get("content")
+        return content if isinstance(content, str) else ""
+
+    def merge_n(self, responses: list[dict]) -> dict | None:
+        return choices.merge_n(responses)
+
+    def requested_schema(self, body: dict) -> tuple[str, dict] | None:
+        response_format = _dict(body.get("response_format"))
+        if response_format.get("type") == "json_object":
+            return "response_format", JSON_OBJECT
+        spec = response_format.get("json_schema")
+        if response_format.get("type") == "json_schema" and isinstance(spec, dict):
+            return "response_format.json_schema.schema", spec.get("schema", {})
+        return None
+
+    def tool_schemas(self, body: dict) -> list[tuple[str, Any]]:
+        out = []
+        for i, tool in enumerate(_list(body.get("tools"))):
+            function = _dict(tool).get("function") if _dict(tool).get("type") == "function" else None
+            if isinstance(function, dict):
+                out.append((f"tools[{i}].function.parameters", function.get("parameters", {})))
+        return out
+
+    def problems(self, response: dict, request: dict, schema: dict | None) -> list[SchemaError]:
+        found = response.get("choices")
+        if not isinstance(found, list) or not found:
+            return [SchemaError("$", "", "the response has no choices")]
+        parameters = {}
+        for tool in _list(request.get("tools")):
+            function = _dict(_dict(tool).get("function"))
+            if _dict(tool).get("type") == "function" and "name" in function:
+                parameters[function["name"]] = function.get("parameters", {})
+        errors: list[SchemaError] = []
+        for choice in found:
+            message = _dict(choice).get("message")
+            if not isinstance(message, dict):
+                errors.append(SchemaError("$", "", "a choice without a message"))
+                continue
+            calls = message.get("tool_calls")
+            if calls:
+                if not isinstance(calls, list):
+                    errors.append(SchemaError("tool_calls", "", "tool_calls is not a list"))
+                    continue
+                shaped = []
+                for i, call in enumerate(calls):
+                    function = _dict(call).get("function")
+                    if not isinstance(function, dict):
+                        errors.append(SchemaError(f"tool_calls[{i}]", "", "not a function call object"))
+                        continue
+                    shaped.append((f"tool_calls[{i}].function", function.get("name"), function.get("arguments")))
+                errors += check_calls(shaped, parameters)
+            elif schema is not None:
+                errors += check_content(message.get("content"), schema)
+        return errors
+
+    def with_feedback(self, request: dict, response: dict, errors: list[SchemaError]) -> dict | None:
+        """The conversation so far, the failed answer as it was, then the errors addressed
+        to the model (one tool message per call, as the API requires each call answered)."""
+        messages = request.get("messages")
+        if not isinstance(messages, list):
+            return None
+        message = _first_message(response)
+        assistant = {k: v for k, v in message.items() if k in ("content", "tool_calls", "refusal")}
+        assistant["role"] = "assistant"
+        calls = _list(message.get("tool_calls"))
+        if calls:
+            feedback = [_tool_feedback(i, call, errors) for i, call in enumerate(calls)]
+        else:
+            feedback = [{"role": "user", "content": "Your answer does not match the required JSON schema. Errors "
+                                                    "(JSONPath in your answer: problem (failing schema keyword)):\n"
+                                                    f"{listing(errors)}\nAnswer again with only the corrected JSON."}]
+        return {**request, "messages": [*messages, assistant, *feedback]}
+
+
+def _tool_feedback(i: int, call: Any, errors: list[SchemaError]) -> dict:
+    own = [e for e in errors if e.path.startswith(f"tool_calls[{i}].")]
+    content = (f"Rejected, not run: the arguments do not match the tool's schema.\n{listing(own)}\n"
+               "Call the tool again with arguments that fix every error." if own else
+               "Not run, because another tool call in this turn was rejected; call it again.")
+    return {"role": "tool", "tool_call_id": _dict(call).get("id", ""), "content": content}
+
+
+SURFACE = ChatCompletions()

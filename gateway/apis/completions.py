@@ -1,0 +1,105 @@
+"""OpenAI (legacy) Completions (`POST /v1/completions`): prompts in, text choices out."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import orjson
+from pydantic import StrictStr, TypeAdapter
+
+from gateway.apis import choices
+from gateway.apis.surface import Recorder, Surface, View
+from gateway.apis.validation import Sampling, Tokens, check
+from gateway.cache.entry import Entry
+from gateway.policy import canonical as c
+
+
+class CompletionRequest(Sampling):
+    prompt: StrictStr | list[StrictStr] | Tokens | list[Tokens]
+
+
+_REQUEST = TypeAdapter(CompletionRequest)
+_NULLABLE = frozenset({
+    "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
+    "presence_penalty", "seed", "stop", "suffix", "temperature", "top_p",
+})
+_FIELD_RULES: dict[str, c.FieldRule] = {"prompt": c.inputs, "suffix": c.text_field, "stop": c.stop}
+
+
+def _new_choice(index: int) -> dict[str, Any]:
+    return {"index": index, "text": "", "logprobs": None, "finish_reason": None}
+
+
+def _add(choice: dict[str, Any], part: dict[str, Any]) -> None:
+    choices.merge(choice, {k: v for k, v in part.items() if k not in ("index", "finish_reason", "logprobs")})
+    if isinstance(part.get("logprobs"), dict):
+        if not isinstance(choice["logprobs"], dict):
+            choice["logprobs"] = {}
+        choices.merge(choice["logprobs"], part["logprobs"])
+    if part.get("finish_reason") is not None:
+        choice["finish_reason"] = part["finish_reason"]
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+class Completions(Surface):
+    name = "completions"
+    path = "/completions"
+    sampling = frozenset({"temperature", "top_p", "top_k", "seed", "n"})
+
+    def validate(self, body: Any) -> None:
+        check(_REQUEST, body)
+
+    def canonical(self, body: dict, text: bool) -> c.Canonical:
+        return c.canonicalize(body, _NULLABLE, _FIELD_RULES)
+
+    def view(self, body: dict) -> View:
+        return choices.view(body)
+
+    def upstream_body(self, sent: dict, stream: bool) -> dict:
+        return choices.upstream_body(sent, stream)
+
+    def texts(self, body: dict) -> Iterator[tuple[str, str]]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            yield "prompt", prompt
+        for i, item in enumerate(prompt if isinstance(prompt, list) else ()):
+            if isinstance(item, str):
+                yield f"prompt[{i}]", item
+
+    def from_body(self, upstream: str, payload: bytes) -> Entry:
+        parsed = orjson.loads(payload)
+        found = choices.check_answer(upstream, parsed, payload)
+        head = choices.head(parsed, "text_completion")
+        stream = b"".join(choices.frame(orjson.dumps({**head, "choices": [choice]})) for choice in found)
+        return Entry(payload, stream, str(parsed.get("model") or ""), choices.finish_class(found),
+                     choices.usage_frame(parsed, "text_completion"))
+
+    def recorder(self, upstream: str) -> Recorder:
+        return choices.ChoicesRecorder(upstream, "text_completion", "text_completion", _add, _new_choice)
+
+    def render(self, entry: Entry, view: View) -> bytes:
+        return choices.render(entry, view)
+
+    def stream_end(self, entry: Entry, view: View) -> bytes:
+        return choices.stream_end(entry, view)
+
+    def fingerprint(self, body: bytes) -> str | None:
+        value = _dict(orjson.loads(body)).get("system_fingerprint")
+        return value if isinstance(value, str) and value else None
+
+    def answer_parts(self, parsed: dict) -> list:
+        found = parsed.get("choices")
+        return [_dict(choice).get("text") for choice in (found if isinstance(found, list) else ())]
+
+    def answer_text(self, response: dict) -> str:
+        found = response.get("choices")
+        first = _dict(found[0]) if isinstance(found, list) and found else {}
+        return str(first.get("text", ""))
+
+    def merge_n(self, responses: list[dict]) -> dict | None:
+        return choices.merge_n(responses)
+
+
+SURFACE = Completions()

@@ -1,0 +1,68 @@
+"""OpenAI Embeddings (`POST /v1/embeddings`): no sampling, no stream."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Iterator, Literal
+
+import orjson
+from pydantic import Field, StrictInt, StrictStr, TypeAdapter
+
+from gateway.apis.surface import NotAnAnswer, Surface, View
+from gateway.apis.validation import Open, Tokens, check
+from gateway.cache.entry import Entry
+from gateway.errors import UpstreamError
+from gateway.policy import canonical as c
+
+
+class EmbeddingRequest(Open):
+    model: Annotated[StrictStr, Field(min_length=1)]
+    input: StrictStr | list[StrictStr] | Tokens | list[Tokens]
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: Annotated[StrictInt, Field(ge=1)] | None = None
+
+
+_REQUEST = TypeAdapter(EmbeddingRequest)
+_NULLABLE = frozenset({"dimensions", "encoding_format"})
+_FIELD_RULES: dict[str, c.FieldRule] = {"input": c.inputs}
+
+
+class Embeddings(Surface):
+    name = "embeddings"
+    path = "/embeddings"
+
+    def validate(self, body: Any) -> None:
+        check(_REQUEST, body)
+
+    def canonical(self, body: dict, text: bool) -> c.Canonical:
+        return c.canonicalize(body, _NULLABLE, _FIELD_RULES)
+
+    def view(self, body: dict) -> View:
+        return View()
+
+    def upstream_body(self, sent: dict, stream: bool) -> dict:
+        return {k: v for k, v in sent.items() if k not in ("stream", "stream_options")}
+
+    def texts(self, body: dict) -> Iterator[tuple[str, str]]:
+        value = body.get("input")
+        if isinstance(value, str):
+            yield "input", value
+        for i, item in enumerate(value if isinstance(value, list) else ()):
+            if isinstance(item, str):
+                yield f"input[{i}]", item
+
+    def from_body(self, upstream: str, payload: bytes) -> Entry:
+        parsed = orjson.loads(payload)
+        if not isinstance(parsed, dict):
+            raise NotAnAnswer(upstream, "not a JSON object")
+        if parsed.get("error") is not None:
+            raise UpstreamError(502, payload)
+        data = parsed.get("data")
+        if not isinstance(data, list) or not data:
+            raise NotAnAnswer(upstream, "no data")
+        return Entry(payload, None, str(parsed.get("model") or ""))
+
+    def answer_parts(self, parsed: dict) -> list:
+        data = parsed.get("data")
+        return [item.get("embedding") if isinstance(item, dict) else None for item in (data if isinstance(data, list) else ())]
+
+
+SURFACE = Embeddings()

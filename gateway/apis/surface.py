@@ -1,0 +1,160 @@
+"""The contract between the gateway's core and one API surface (one wire format).
+
+The core (routing, tenants, keys, store, single-flight, strategies, metrics) knows a
+request only through a `Surface`: how to validate it, its canonical form and which of its
+fields stay out of the key, which sampling parameters it has, its stream grammar (which
+event is terminal, what makes a complete answer), how a stored answer is rendered for
+*this* request, its error shape, and how a vote or a schema check reads an answer.
+Adding a surface is one module under `gateway/apis/` and one line in its registry.
+
+An answer is stored once, as an `Entry` built by the surface (`from_body` for a whole
+answer, a `Recorder` for a stream), holding both wire forms fixed at write time. Each
+request then gets `render(entry, view)`: a pure function of the stored entry and the
+parts of the request that are out of the key but shape the bytes (`View`), so the same
+request always gets the same bytes, and every reader gets what it asked for.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from gateway.cache.entry import Entry
+from gateway.errors import OPENAI_ERRORS, ErrorShape, UpstreamError
+from gateway.policy.canonical import Canonical
+from gateway.strategies.schema_check import SchemaError
+
+
+@dataclass(frozen=True)
+class View:
+    """How one request wants its answer: what it asked for that the key leaves out."""
+
+    stream: bool = False
+    usage: bool = False  # a stream that ends with a usage event (OpenAI's include_usage)
+
+
+class NotAnAnswer(UpstreamError):
+    """A 200 from the upstream that holds no answer (an error object, no choices, a stream
+    cut short): passed on as a failure, never stored."""
+
+    def __init__(self, upstream: str, why: str):
+        super().__init__(502, message=f"upstream {upstream!r} answered 200 without an answer: {why}",
+                         code="upstream_invalid_answer")
+
+
+class Recorder:
+    """Turns one upstream stream, event by event, into the frames clients are sent and,
+    once complete, the entry that stores it. One per upstream call."""
+
+    model = ""  # the model version answering, once an event has said
+    fingerprint: str | None = None  # the upstream's build identifier, once an event has said
+
+    def push(self, payload: bytes) -> bytes | None:
+        """The frame to send live for one upstream event payload (None: nothing to send).
+        Raises UpstreamError for an error event."""
+        raise NotImplementedError
+
+    def finish(self) -> Entry:
+        """The entry, once the stream has ended; raises NotAnAnswer when it ended incomplete."""
+        raise NotImplementedError
+
+
+class Surface:
+    """One wire format. Subclasses set the class attributes and override what differs."""
+
+    name: str  # the route's name: in keys, metrics and logs ("chat.completions")
+    path: str  # below /v1 on the gateway and below the upstream's base URL ("/chat/completions")
+    errors: ErrorShape = OPENAI_ERRORS
+    # Sampling parameters this wire accepts, by the names the profiles use
+    # ("temperature", "top_p", "top_k", "seed", "n"); empty for surfaces that do not sample.
+    sampling: frozenset[str] = frozenset()
+    # Request headers that change the answer: forwarded upstream and part of the key.
+    keyed_headers: tuple[str, ...] = ()
+    checks_schemas = False  # whether answers can be schema-checked (x-detgate-schema, tools)
+
+    # ---- the request
+
+    def validate(self, body: Any) -> None:
+        """Raises ApiError (400) naming the parameter for what no upstream would accept."""
+        raise NotImplementedError
+
+    def canonical(self, body: dict, text: bool) -> Canonical:
+        """The canonical form of a validated, de-randomized body; `text` applies the text
+        rules. Raises CanonicalError for a body that has none."""
+        raise NotImplementedError
+
+    def view(self, body: dict) -> View:
+        return View(stream=body.get("stream") is True)
+
+    def upstream_body(self, sent: dict, stream: bool) -> dict:
+        """What the upstream is sent, for a streamed or a whole answer."""
+        out = {k: v for k, v in sent.items() if k != "stream"}
+        if stream:
+            out["stream"] = True
+        return out
+
+    def message_count(self, body: dict) -> int:
+        return 0
+
+    def texts(self, body: dict) -> Iterator[tuple[str, str]]:
+        """(path, text) for each text the model reads, for the hidden-variable scan."""
+        return iter(())
+
+    # ---- the answer
+
+    def from_body(self, upstream: str, payload: bytes) -> Entry:
+        """The entry for a whole answer (its stream form synthesized from it); raises
+        NotAnAnswer for a 200 that holds none."""
+        raise NotImplementedError
+
+    def recorder(self, upstream: str) -> Recorder:
+        raise NotImplementedError
+
+    def render(self, entry: Entry, view: View) -> bytes:
+        """The bytes one request is sent: the stream when it asked for one, else the body."""
+        return entry.body
+
+    def stream_end(self, entry: Entry, view: View) -> bytes:
+        """What a live stream sends after its last recorded frame."""
+        return b""
+
+    def in_band_error(self, exc: UpstreamError) -> bytes:
+        """The frame that tells a stream's reader the upstream failed after its headers left."""
+        return exc.frame(self.errors)
+
+    def fingerprint(self, body: bytes) -> str | None:
+        """The upstream's build identifier in an answer, for drift detection."""
+        return None
+
+    def answer_parts(self, parsed: dict) -> list:
+        """What an answer says, without what differs on every call (ids, timestamps,
+        usage), for canary digests."""
+        raise NotImplementedError
+
+    # ---- strategies: votes, n > 1 and schema-validated retries
+
+    def answer_text(self, response: dict) -> str:
+        """The answer a vote compares; None-like parts read as empty."""
+        raise NotImplementedError
+
+    def merge_n(self, responses: list[dict]) -> dict | None:
+        """One response from the answers of n one-answer requests, in order; None where the
+        surface has no n."""
+        return None
+
+    def requested_schema(self, body: dict) -> tuple[str, dict] | None:
+        """(param path, schema) an answer's content must match, as the request asks; None for none."""
+        return None
+
+    def tool_schemas(self, body: dict) -> list[tuple[str, Any]]:
+        """(param path, parameters schema) of each function tool the request offers."""
+        return []
+
+    def problems(self, response: dict, request: dict, schema: dict | None) -> list[SchemaError]:
+        """Every schema failure of an answer: tool calls against the offered tools, else
+        the content against `schema`."""
+        return [SchemaError("$", "", f"{self.name} answers are not checked")]
+
+    def with_feedback(self, request: dict, response: dict, errors: list[SchemaError]) -> dict | None:
+        """The request that shows the model its failed answer and the errors; None where
+        the surface cannot."""
+        return None
