@@ -15,15 +15,19 @@ import jsonschema
 import pytest
 import yaml
 
-from gateway import cli, config
+from gateway import cli
+
+from gateway import config
 
 from . import compose
 from .promql import DEPLOY
 
 REPO = DEPLOY.parent
-SCHEMA = REPO.parent / "shared" / "schemas" / "compose-spec.json"
+# Vendored (source, version and licence in schemas/README.md): a clone needs nothing beside it.
+SCHEMA = Path(__file__).resolve().parent / "schemas" / "compose-spec.json"
 # What a user puts in .env: the example with its required secrets filled in.
-ENV = {**compose.read_env_file(compose.ENV_EXAMPLE), "DETGATE_SECRET": "test-secret", "GRAFANA_ADMIN_PASSWORD": "test"}
+ENV = {**compose.read_env_file(compose.ENV_EXAMPLE), "DETGATE_SECRET": "test-secret", "GRAFANA_ADMIN_PASSWORD": "test",
+       "DETGATE_OPERATOR_TOKEN": "test-operator-token"}
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +208,17 @@ def test_prometheus_scrapes_the_services_where_they_listen(spec):
     assert targets["detgate-backend"]["names"] == ["backend"] and targets["detgate-backend"]["port"] == backend_port
     for rule_file in scrape["rule_files"]:
         assert (config_dir / rule_file).is_file()
+
+
+def test_prometheus_scrapes_the_gateway_with_its_operator_token(spec):
+    _, settings = gateway_settings(spec)
+    assert settings.operator_token.get_secret_value() == ENV["DETGATE_OPERATOR_TOKEN"]
+    prom = services(spec)["prometheus"]
+    (secret,) = prom["secrets"]
+    assert spec["secrets"][secret] == {"environment": "DETGATE_OPERATOR_TOKEN"}
+    scrape = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    (job,) = [j for j in scrape["scrape_configs"] if j["job_name"] == "detgate-gateway"]
+    assert job["authorization"] == {"type": "Bearer", "credentials_file": f"/run/secrets/{secret}"}
 
 
 def test_grafana_is_provisioned_without_clicks(spec):
