@@ -34,6 +34,13 @@ RESULTS = REPO / "bench" / "results"
 SECRET = "bench-secret"
 HIT_BODY = {"model": "fake/bench-model", "messages": [{"role": "user", "content": "What is a deterministic cache?"}],
             "temperature": 0}
+# Each API surface's hit path beside chat's, against a bare server returning its stored bytes: (route, path, body).
+SURFACE_HITS = (
+    ("responses", "/v1/responses", {"model": "fake/bench-model", "input": "What is a deterministic cache?",
+                                    "temperature": 0}),
+    ("messages", "/v1/messages", {"model": "claude/bench-model", "max_tokens": 256,
+                                  "messages": [{"role": "user", "content": "What is a deterministic cache?"}]}),
+)
 # %d placeholders: each miss request is unique (counter, random), so it can never hit.
 MISS_TEMPLATE = ('{"model": "fake/bench-model", "temperature": 0, '
                  '"messages": [{"role": "user", "content": "miss %d %d"}]}')
@@ -56,17 +63,20 @@ def post(url: str, body: bytes) -> tuple[dict[str, str], bytes]:
         return {k.lower(): v for k, v in response.headers.items()}, response.read()
 
 
-def bare_server(port: int, body_file: str) -> None:
-    """The baseline: an aiohttp server that reads the request and returns fixed JSON bytes."""
+def bare_server(port: int, body_dir: str) -> None:
+    """The baseline: an aiohttp server that reads the request and returns fixed JSON bytes,
+    each route the bytes the gateway stored for it (<body_dir>/<route>.json)."""
     from aiohttp import web
-    payload = Path(body_file).read_bytes()
 
-    async def answer(request: web.Request) -> web.Response:
-        await request.read()
-        return web.Response(body=payload, content_type="application/json")
+    def answer(payload: bytes):
+        async def handler(request: web.Request) -> web.Response:
+            await request.read()
+            return web.Response(body=payload, content_type="application/json")
+        return handler
 
     app = web.Application()
-    app.router.add_post("/v1/chat/completions", answer)
+    for route, path, _ in (("chat", "/v1/chat/completions", None), *SURFACE_HITS):
+        app.router.add_post(path, answer((Path(body_dir) / f"{route}.json").read_bytes()))
     app.router.add_get("/healthz", lambda r: web.Response(text="ok"))
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
@@ -115,7 +125,7 @@ def run_wrk(url: str, script: Path, connections: int, seconds: float, pid: int) 
 def main() -> None:
     parser = argparse.ArgumentParser(description="detgate gateway benchmark")
     parser.add_argument("--seconds", type=int, default=5, help="duration of each wrk run")
-    parser.add_argument("--bare", nargs=2, metavar=("PORT", "BODY_FILE"), help=argparse.SUPPRESS)
+    parser.add_argument("--bare", nargs=2, metavar=("PORT", "BODY_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare:
         return bare_server(int(args.bare[0]), args.bare[1])
@@ -125,7 +135,7 @@ def main() -> None:
 
     procs: list[subprocess.Popen] = []
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), str(REPO / "tests")))}  # the fakes import their package
 
     def spawn(cmd: list[str]) -> int:
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, **quiet))
@@ -133,31 +143,33 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="detgate-bench-"))
     try:
-        ports = {name: free_port() for name in ("upstream", "redis", "memory", "redisgw", "redisfar", "bare")}
+        ports = {name: free_port() for name in ("upstream", "claude", "redis", "memory", "redisgw", "redisfar", "bare")}
         pids = {}
         pids["upstream"] = spawn([sys.executable, "tests/fakes/openai_upstream.py", "--port", str(ports["upstream"]), "--words", "30", "30"])
         spawn(["redis-server", "--port", str(ports["redis"]), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
         upstream = f"http://127.0.0.1:{ports['upstream']}/v1"
-        pids["memory"] = spawn([sys.executable, "-m", "gateway", "serve", "--port", str(ports["memory"]), "--upstream", f"fake={upstream}",
+        spawn([sys.executable, "tests/fakes/anthropic_upstream.py", "--port", str(ports["claude"]), "--words", "30", "30"])
+        upstreams = ["--upstream", f"fake={upstream}", "--upstream", f"claude=http://127.0.0.1:{ports['claude']}/v1#anthropic"]
+        pids["memory"] = spawn([sys.executable, "-m", "gateway", "serve", "--port", str(ports["memory"]), *upstreams,
                "--secret", SECRET])
-        pids["redis"] = spawn([sys.executable, "-m", "gateway", "serve", "--port", str(ports["redisgw"]), "--upstream", f"fake={upstream}",
+        pids["redis"] = spawn([sys.executable, "-m", "gateway", "serve", "--port", str(ports["redisgw"]), *upstreams,
                "--secret", SECRET, "--redis-url", f"redis://127.0.0.1:{ports['redis']}/0"])
         # "redis, no near cache" asks Redis on every hit: the cost of the shared store itself.
         pids["redis, no near cache"] = spawn([sys.executable, "-m", "gateway", "serve", "--port", str(ports["redisfar"]),
-                                              "--upstream", f"fake={upstream}", "--secret", SECRET, "--near-cache-ttl-s", "0",
+                                              *upstreams, "--secret", SECRET, "--near-cache-ttl-s", "0",
                                               "--redis-url", f"redis://127.0.0.1:{ports['redis']}/0"])
         gateways = {"memory": f"http://127.0.0.1:{ports['memory']}", "redis": f"http://127.0.0.1:{ports['redisgw']}",
                     "redis, no near cache": f"http://127.0.0.1:{ports['redisfar']}"}
         for url in gateways.values():
             wait_http(url + "/healthz")
         hit_body = json.dumps(HIT_BODY).encode()
-        stored = {}
-        for name, url in gateways.items():
-            post(url + "/v1/chat/completions", hit_body)
-            headers, stored[name] = post(url + "/v1/chat/completions", hit_body)
-            assert headers["x-detgate-cache"] == "hit", headers
-        (tmp / "body.json").write_bytes(stored["redis"])
-        pids["bare"] = spawn([sys.executable, str(Path(__file__).resolve()), "--bare", str(ports["bare"]), str(tmp / "body.json")])
+        for route, path, body in (("chat", "/v1/chat/completions", HIT_BODY), *SURFACE_HITS):
+            for name, url in gateways.items():
+                post(url + path, json.dumps(body).encode())
+                headers, stored = post(url + path, json.dumps(body).encode())
+                assert headers["x-detgate-cache"] == "hit", headers
+            (tmp / f"{route}.json").write_bytes(stored)  # from the last gateway: one answer's bytes
+        pids["bare"] = spawn([sys.executable, str(Path(__file__).resolve()), "--bare", str(ports["bare"]), str(tmp)])
         bare = f"http://127.0.0.1:{ports['bare']}"
         wait_http(bare + "/healthz")
 
@@ -169,6 +181,15 @@ def main() -> None:
             for store, url in gateways.items():
                 result = run_wrk(url + "/v1/chat/completions", hit_script, connections, args.seconds, pids[store])
                 rows.append({"path": "hit", "target": "gateway", "store": store, "c": connections, **result,
+                             "vs_baseline": round(result["rps"] / base["rps"], 3)})
+        for route, path, body in SURFACE_HITS:  # at c=32 only: the throughput and CPU targets are read there
+            script = wrk_script(tmp, route, json.dumps(body).encode())
+            base = run_wrk(bare + path, script, 32, args.seconds, pids["bare"])
+            rows.append({"path": f"{route} hit", "target": "bare aiohttp", "store": "-", "c": 32, **base,
+                         "vs_baseline": 1.0})
+            for store, url in gateways.items():
+                result = run_wrk(url + path, script, 32, args.seconds, pids[store])
+                rows.append({"path": f"{route} hit", "target": "gateway", "store": store, "c": 32, **result,
                              "vs_baseline": round(result["rps"] / base["rps"], 3)})
         for connections in (1, 32):
             direct = run_wrk(upstream + "/chat/completions", miss_script, connections, args.seconds, pids["upstream"])
@@ -198,6 +219,11 @@ def main() -> None:
         "hit capacity >= 50% of bare by server CPU/req (c=32, redis, no near cache)":
             row("hit", "bare aiohttp", "-", 32)["cpu_us_per_req"]
             / row("hit", "gateway", "redis, no near cache", 32)["cpu_us_per_req"] >= 0.5,
+        **{f"{route} hit throughput >= 50% of bare (c=32, redis)":
+           row(f"{route} hit", "gateway", "redis", 32)["vs_baseline"] >= 0.5 for route, _, _ in SURFACE_HITS},
+        **{f"{route} hit capacity >= 50% of bare by server CPU/req (c=32, redis)":
+           row(f"{route} hit", "bare aiohttp", "-", 32)["cpu_us_per_req"]
+           / row(f"{route} hit", "gateway", "redis", 32)["cpu_us_per_req"] >= 0.5 for route, _, _ in SURFACE_HITS},
         "hit p50 <= 1 ms at c=1 with redis": row("hit", "gateway", "redis", 1)["p50_ms"] <= 1.0,
         "hit p50 <= 1 ms at c=1 with redis, no near cache": row("hit", "gateway", "redis, no near cache", 1)["p50_ms"] <= 1.0,
         "miss overhead p50 <= 1 ms (c=1, redis)": row("miss", "gateway", "redis", 1)["overhead_p50_ms"] <= 1.0,

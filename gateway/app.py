@@ -19,14 +19,17 @@ from gateway.ops.logs import AccessLog
 from gateway.ingress.expect import expect_continue
 from gateway.ingress.header_safety import make_headers_safe
 from gateway.ingress.limits import TenantLimiter
+from gateway.cache.chains import Chains
 from gateway.cache.memory_store import MemoryStore
 from gateway.ops.metrics import Metrics
-from gateway.ingress.middlewares import errors, observe
+from gateway.ingress.middlewares import errors, label_cache, observe
+from gateway.ingress.proxy import proxy
 from gateway.cache.near_cache import NearCache
 from gateway.policy.prepare import PreparedMemo
 from gateway.cache.redis_store import RedisStore
 from gateway.upstream.resilience import Resilience
 from gateway.cache.singleflight import SingleFlight
+from gateway.cache.storing import FINISHES, StoreRules
 from gateway.state import ACCESS_LOG, GATEWAY, PREPARED, METRICS, SECRET, SETTINGS, TENANTS, Gateway
 from gateway.cache.store import Store, StoreError
 from gateway.ops.status import status
@@ -58,18 +61,20 @@ def create_app(settings: Settings) -> web.Application:
     app[SECRET] = secret
     app[METRICS] = Metrics()
     app[METRICS].prime((u.name for u in settings.upstreams), (c.name for c in settings.canaries),
-                       (t for t in settings.rate_limits if t != "*"))
+                       (t for t in settings.rate_limits if t != "*"),
+                       ((name, t.refresh) for name, t in settings.tenants.items()))
     app[TENANTS] = Tenants.from_settings(settings)
     app[PREPARED] = PreparedMemo()
     app[ACCESS_LOG] = AccessLog(sys.stderr.buffer if logging.getLogger("detgate.access").isEnabledFor(logging.INFO) else None)
     app.cleanup_ctx.append(_resources)
+    app.on_response_prepare.append(label_cache)
     app.on_response_prepare.append(make_headers_safe)
     app.cleanup_ctx.append(watch)
     for surface in SURFACES.values():
         app.router.add_post("/v1" + surface.path, handlers.cached_route(surface), name=surface.name,
                             expect_handler=expect_continue)
-    app.router.add_get("/v1/models", handlers.proxy, name="models")
-    app.router.add_route("*", "/v1/{tail:.*}", handlers.proxy, name="proxy", expect_handler=expect_continue)
+    app.router.add_get("/v1/models", proxy, name="models")
+    app.router.add_route("*", "/v1/{tail:.*}", proxy, name="proxy", expect_handler=expect_continue)
     app.router.add_get("/healthz", handlers.healthz, name="healthz")
     app.router.add_get("/metrics", handlers.metrics, name="metrics")
     app.router.add_get("/detgate/status", status, name="status")
@@ -95,9 +100,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         except StoreError as exc:
             if settings.cache_failure == "fail-closed":
                 await redis_store.close()
-                raise ConfigError(f"cannot reach the store at --redis-url: {exc} (--cache-failure fail-closed)") from None
+                raise ConfigError(f"cannot reach the store at --redis-url: {exc.detail} (--cache-failure fail-closed)") from None
             log.warning("the store at --redis-url is down (%s); answering uncached until it is back "
-                        "(--cache-failure fail-open)", exc)
+                        "(--cache-failure fail-open)", exc.detail)
         store = redis_store
         redis_client = redis_store.client
         if settings.near_cache_ttl_s > 0:
@@ -107,11 +112,15 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         metrics.cache_entries_bytes.set_function(lambda: memory.nbytes)
         store = memory
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024, ttl_dns_cache=300))
-    flights = SingleFlight(store, Sealer(app[SECRET]), settings.lock_lease_ms, partial(count_store_error, metrics))
+    rules = StoreRules.from_settings(settings)
+    for finish in FINISHES.difference(rules.finishes):
+        metrics.cache_declined.labels(finish)  # at zero from the start, so the first one shows as an increase
+    flights = SingleFlight(store, Sealer(app[SECRET]), settings.lock_lease_ms, partial(count_store_error, metrics),
+                           rules, lambda entry: metrics.cache_declined.labels(entry.finish).inc())
     limiter = None
     if settings.rate_limits:
         limiter = TenantLimiter(settings, redis_client, lambda exc: metrics.cache_errors.labels("ratelimit").inc())
-    app[GATEWAY] = Gateway(store, flights, UpstreamClient(session, metrics, Resilience(settings, metrics)), limiter)
+    app[GATEWAY] = Gateway(store, flights, Chains(flights, app[SECRET]), UpstreamClient(session, metrics, Resilience(settings, metrics)), limiter)
     log.info("detgate ready: %d upstream(s) %s, store %s", len(settings.upstreams),
              ", ".join(f"{u.name}={u.url}" for u in settings.upstreams), "redis" if settings.redis_url else "in-process")
     try:

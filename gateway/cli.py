@@ -6,6 +6,7 @@ variable; a flag beats the environment, which beats the file, which beats the de
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from typing import Sequence
@@ -31,7 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tenant", dest="tenants", action="append", metavar="NAME=KEY",
                        help="a gateway API key and the tenant it stands for, repeatable")
     serve.add_argument("--passthrough-auth", action="store_true", default=None,
-                       help="forward the client's Authorization upstream; its digest is the tenant")
+                       help="forward the client's Authorization (and OpenAI-Organization / OpenAI-Project) upstream; "
+                            "their digest is the tenant")
+    serve.add_argument("--refresh-unlisted", action="store_true", default=None,
+                       help="let clients no tenant entry names (no --tenant, or --passthrough-auth) send "
+                            "x-detgate-cache-control no-cache / no-store; named tenants get it by `refresh = true`")
+    serve.add_argument("--operator-token", help="/metrics and /detgate/status then answer only to "
+                                                "'Authorization: Bearer <token>'")
     serve.add_argument("--redis-url", help="shared store, e.g. redis://127.0.0.1:6379/0 (default: in-process store)")
     serve.add_argument("--secret", help="key that signs cache keys; required with --redis-url")
     serve.add_argument("--near-cache-ttl-s", type=float,
@@ -39,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "to see a refresh made elsewhere (default 1, 0 disables)")
     serve.add_argument("--near-cache-bytes", type=int, help="byte budget of that reuse (default 64 MiB)")
     serve.add_argument("--memory-store-bytes", type=int, help="byte budget of the in-process store (default 256 MiB)")
+    serve.add_argument("--store-finish", dest="store_finish", action="append",
+                       choices=("stop", "length", "content_filter"),
+                       help="a finish reason class whose answers are stored, repeatable (default: stop and length; "
+                            "an answer not stored is still served, with a warning)")
+    serve.add_argument("--ttl-s", type=float, help="seconds an entry is kept (default 0: until evicted or refreshed)")
+    serve.add_argument("--model-ttl-s", dest="model_ttl_s", action="append", metavar="GLOB=SECONDS",
+                       help="--ttl-s for the pinned models a glob matches, repeatable; the first match wins")
     serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted (default 8 MiB)")
     serve.add_argument("--upstream-timeout-s", type=float, help="total time allowed for one upstream call (default 600)")
     serve.add_argument("--lock-lease-ms", type=int,
@@ -100,12 +114,12 @@ def serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from gateway import config
-
     from gateway.ops import logs
     from gateway.app import ConfigError, create_app
+    from gateway.upstream.discovery import discover
 
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
-    for name, flag in (("tenants", "--tenant"), ("rate_limits", "--rate-limit")):
+    for name, flag in (("tenants", "--tenant"), ("rate_limits", "--rate-limit"), ("model_ttl_s", "--model-ttl-s")):
         if flags[name] is not None:
             try:
                 flags[name] = dict(config.parse_pair(spec) for spec in flags[name])
@@ -116,6 +130,7 @@ def serve(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError, OSError) as exc:
         return refuse(f"invalid settings: {exc}")
     logs.setup(settings.log_level)
+    settings = asyncio.run(discover(settings))
     try:
         web.run_app(create_app(settings), host=settings.host, port=settings.port, access_log=None, print=None,
                     shutdown_timeout=settings.shutdown_timeout_s)

@@ -33,7 +33,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
     cache = commands.add_parser("cache", help="export or import cache entries as JSONL")
     actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
-    export = actions.add_parser("export", help="write every entry to FILE, sorted by key")
+    export = actions.add_parser("export", help="write every entry this secret vouches for to FILE, sorted by key; "
+                                               "say how many were skipped, and why")
     export.add_argument("file", metavar="FILE")
     _shared(export)
     load = actions.add_parser("import", help="store every entry of FILE, replacing what is there")
@@ -114,15 +115,14 @@ async def _cache(action: str, path: str, settings, reseal: bool) -> int:
             finally:
                 if os.path.exists(partial):
                     os.unlink(partial)
-            print(f"exported {counts.written} entries to {path}"
-                  + (f"; skipped {counts.skipped} (gone, or failing their MAC check)" if counts.skipped else ""))
+            print(f"exported {counts.written} entries to {path}{counts.skips()}")
             return 0
         with open(path, "rb") as source:
             counts = await import_entries(store, source, secret, reseal=reseal)
         for name, epoch in counts.epochs.items():
             await ledger.raise_to(EPOCHS, name, epoch)
         print(f"imported {counts.written} entries from {path}"
-              + (f"; namespace epochs at least {counts.epochs}" if counts.epochs else "")
+              + (f"; namespace epochs at least {counts.epochs}" if counts.epochs else "") + counts.skips()
               + (f"; rejected {counts.rejected}:\n  " + "\n  ".join(counts.problems) if counts.rejected else ""))
         return 1 if counts.rejected else 0
     except StoreError as exc:

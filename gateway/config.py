@@ -8,39 +8,84 @@ from __future__ import annotations
 import os
 import tomllib
 from functools import cached_property
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from gateway.apis import SURFACES
+from gateway.ingress.allowlist import parse_rule
+from gateway.policy.keys import tenant_from_api_key
+from gateway.policy.capabilities import CapabilitySpec
 from gateway.policy.rules import MAX_ATTEMPTS, ModelStrategy, Rules, compile_rules
 
 OPENAI_URL = "https://api.openai.com/v1"
-SHARED_NAMESPACE = "shared"  # the tenant name entries of shared_cache_tenants are signed under
+ANTHROPIC_URL = "https://api.anthropic.com/v1"
+SHARED_NAMESPACE = "shared"  # the namespace the entries of shared_cache_tenants are signed under
 
 
 class UpstreamConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.:-]+$")
-    # The base URL exactly as an OpenAI client would take it (".../v1").
+    # The base URL exactly as an OpenAI client would take it (".../v1"); for Anthropic's wire
+    # also ".../v1" (https://api.anthropic.com/v1), where its SDK takes the URL without it.
     url: str = Field(pattern=r"^https?://")
     api_key: SecretStr | None = None
     api_key_env: str | None = None
     profile: str = "generic-openai-compatible"  # built in, or one of Settings.profiles
     mode: Literal["enforce", "reject", "off"] = "enforce"  # de-randomization; x-detgate-mode overrides
+    # Canonicalization of the text the model reads (gateway/policy/canonical.py): "text" applies
+    # the text rules, "json-only" sends text as written; x-detgate-canonical overrides.
+    canonical: Literal["text", "json-only"] = "text"
     models: tuple[str, ...] = ()  # fnmatch globs routed here
+    # The cached routes this upstream serves, by surface name ("chat.completions", "messages");
+    # None: those of its profile's wire (gateway/policy/routing.py).
+    surfaces: tuple[str, ...] | None = None
+    # What the uncached proxy passes on to this upstream, "METHOD /path" below its base URL
+    # (gateway/ingress/allowlist.py); None: the default of its profile's wire.
+    proxy: tuple[str, ...] | None = None
 
     @field_validator("url")
     @classmethod
     def _no_trailing_slash(cls, url: str) -> str:
         return url.rstrip("/")
 
-    def authorization(self, environ: Mapping[str, str] = os.environ) -> str | None:
-        """The Authorization header the gateway sends when it is not passing the client's on."""
+    @field_validator("proxy")
+    @classmethod
+    def _proxy_rules(cls, proxy: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for spec in proxy or ():
+            parse_rule(spec)  # parsed here so that a bad rule refuses to start
+        return proxy
+
+    def key(self, environ: Mapping[str, str] = os.environ) -> str | None:
+        """The operator's key for this upstream, sent when the gateway is not passing the client's on."""
         key = self.api_key.get_secret_value() if self.api_key else None
         if key is None and self.api_key_env:
             key = environ.get(self.api_key_env)
+        return key or None
+
+    def authorization(self, environ: Mapping[str, str] = os.environ) -> str | None:
+        """The Authorization header the gateway sends when it is not passing the client's on."""
+        key = self.key(environ)
         return f"Bearer {key}" if key else None
+
+
+class TenantConfig(BaseModel):
+    """A gateway API key and what its holder is. `NAME = "KEY"` (or NAME=KEY in the
+    environment and flags) is short for a table with only `key`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: SecretStr
+    # The cache namespace: entries belong to the id, not the name, so a name given to a new
+    # key never reads the old key's entries. Without an id, the key's digest is the id; with
+    # one, a key rotated under it keeps the entries.
+    id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]+$")
+    refresh: bool = False  # may send x-detgate-cache-control no-cache (refresh) and no-store
+
+    @property
+    def namespace(self) -> str:
+        return self.id if self.id is not None else tenant_from_api_key(self.key.get_secret_value())
 
 
 class CanaryConfig(BaseModel):
@@ -52,7 +97,7 @@ class CanaryConfig(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.:-]+$")
     model: str
     upstream: str | None = None  # an upstream name; default: the model's route
-    route: Literal["chat.completions", "completions", "embeddings"] = "chat.completions"
+    route: Literal["chat.completions", "completions", "embeddings", "messages"] = "chat.completions"
     body: dict[str, Any] = {}  # the request without "model", e.g. {"messages": [...]}
     expect: str | None = None  # a reference digest; default: the first answer's, kept in the ledger
 
@@ -64,10 +109,15 @@ class Settings(BaseModel):
     port: int = Field(8080, ge=0, le=65535)
     upstreams: tuple[UpstreamConfig, ...] = ()
     passthrough_auth: bool = False
-    # tenant name -> gateway API key; TOML-friendly direction, inverted at lookup.
-    tenants: dict[str, SecretStr] = {}
+    # tenant name -> its gateway API key and rights; TOML-friendly direction, inverted at lookup.
+    tenants: dict[str, TenantConfig] = {}
+    # Whether clients that no tenant entry names (everyone on a gateway without keys, each
+    # key in passthrough mode) may refresh (no-cache) and bypass (no-store) the cache.
+    refresh_unlisted: bool = False
+    # When set, /metrics and /detgate/status answer only to "Authorization: Bearer <token>".
+    operator_token: SecretStr | None = None
     # Tenants whose identical requests share cache entries (one namespace, "shared").
-    # Every other tenant is isolated: its entries are signed under its own name.
+    # Every other tenant is isolated: its entries are signed under its own id.
     shared_cache_tenants: tuple[str, ...] = ()
     redis_url: str | None = None
     secret: SecretStr | None = None
@@ -76,6 +126,12 @@ class Settings(BaseModel):
     # i.e. how late it may see a refresh made on another replica.
     near_cache_ttl_s: float = Field(1.0, ge=0)
     near_cache_bytes: int = Field(64 * 2**20, gt=0)
+    # What the cache keeps (gateway/cache/storing.py): complete answers whose finish class is
+    # listed (content_filter is not, by default), for ttl_s seconds, or those of the first
+    # model_ttl_s glob matching the pinned model (0: until evicted or refreshed).
+    store_finish: tuple[Literal["stop", "length", "content_filter"], ...] = ("stop", "length")
+    ttl_s: float = Field(0.0, ge=0)
+    model_ttl_s: dict[str, Annotated[float, Field(ge=0)]] = {}
     max_body_bytes: int = Field(8 * 2**20, gt=0)
     upstream_timeout_s: float = Field(600.0, gt=0)
     # How long a replica's claim on filling a key lasts without renewal; when the holder
@@ -99,10 +155,12 @@ class Settings(BaseModel):
     rate_limits: dict[str, str] = {}
     shutdown_timeout_s: float = Field(30.0, gt=0)  # SIGTERM: how long in-flight requests may take to finish
     log_level: str = "INFO"
-    # Determinism rules (gateway/policy/rules.py): user profiles, alias overrides (false
-    # un-pins), per-model-glob strategies, named schemas, schema-validated retries.
+    # Determinism rules (gateway/policy/rules.py): user profiles, the openai profile's alias
+    # overrides (false un-pins), model capabilities by glob (gateway/policy/capabilities.py),
+    # per-model-glob strategies, named schemas, schema-validated retries.
     profiles: tuple[dict[str, Any], ...] = ()
     aliases: dict[str, str | Literal[False] | None] = {}
+    capabilities: dict[str, CapabilitySpec] = {}
     strategies: dict[str, ModelStrategy] = {}
     schemas: dict[str, dict[str, Any]] = {}
     schema_attempts: int = Field(3, ge=1, le=MAX_ATTEMPTS)
@@ -122,6 +180,33 @@ class Settings(BaseModel):
             return tuple(parse_upstream(v, i) if isinstance(v, str) else v for i, v in enumerate(value))
         return value
 
+    @field_validator("tenants", mode="before")
+    @classmethod
+    def _short_tenants(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {name: {"key": v} if isinstance(v, (str, SecretStr)) else v for name, v in value.items()}
+        return value
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenant_keys(cls, value: dict[str, TenantConfig]) -> dict[str, TenantConfig]:
+        for name, tenant in value.items():
+            key = tenant.key.get_secret_value()
+            if not key.strip():
+                raise ValueError(f"tenant {name!r} has an empty API key")
+            if key != key.strip():
+                raise ValueError(f"the API key of tenant {name!r} starts or ends with whitespace, "
+                                 "which no Authorization header can carry")
+        return value
+
+    @field_validator("operator_token")
+    @classmethod
+    def _operator_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and (not value.get_secret_value().strip()
+                                  or value.get_secret_value() != value.get_secret_value().strip()):
+            raise ValueError("the operator token must not be empty nor start or end with whitespace")
+        return value
+
     @field_validator("rate_limits")
     @classmethod
     def _rate_limit_specs(cls, value: dict[str, str]) -> dict[str, str]:
@@ -134,18 +219,33 @@ class Settings(BaseModel):
         unknown = set(self.shared_cache_tenants) - set(self.tenants)
         if unknown:
             raise ValueError(f"shared_cache_tenants names tenants that are not configured: {sorted(unknown)}")
-        if SHARED_NAMESPACE in self.tenants and SHARED_NAMESPACE not in self.shared_cache_tenants:
-            raise ValueError(f"a tenant named {SHARED_NAMESPACE!r} would read the entries of shared_cache_tenants")
+        ids: dict[str, str] = {}
+        for name, tenant in self.tenants.items():
+            namespace = tenant.namespace
+            if namespace == SHARED_NAMESPACE and name not in self.shared_cache_tenants:
+                raise ValueError(f"tenant {name!r} with id {SHARED_NAMESPACE!r} would read the entries of "
+                                 "shared_cache_tenants")
+            if namespace in ids:
+                raise ValueError(f"tenants {ids[namespace]!r} and {name!r} have one id (one cache namespace); "
+                                 "list them in shared_cache_tenants to share entries")
+            ids[namespace] = name
         return self
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if not self.upstreams:
-            default = UpstreamConfig(name="openai", url=OPENAI_URL, api_key_env="OPENAI_API_KEY", profile="openai")
-            self.upstreams = (default,)
+            # OpenAI's routes from OpenAI, /v1/messages from Anthropic, each with its own key.
+            self.upstreams = (
+                UpstreamConfig(name="openai", url=OPENAI_URL, api_key_env="OPENAI_API_KEY", profile="openai"),
+                UpstreamConfig(name="anthropic", url=ANTHROPIC_URL, api_key_env="ANTHROPIC_API_KEY", profile="anthropic"),
+            )
         names = [u.name for u in self.upstreams]
         if len(set(names)) != len(names):
             raise ValueError(f"upstream names must be unique, got {names}")
+        for upstream in self.upstreams:
+            unknown = sorted(set(upstream.surfaces or ()) - set(SURFACES))
+            if unknown:
+                raise ValueError(f"upstream {upstream.name!r} lists surfaces {unknown}; known: {sorted(SURFACES)}")
         canaries = [c.name for c in self.canaries]
         if len(set(canaries)) != len(canaries):
             raise ValueError(f"canary names must be unique, got {canaries}")
@@ -154,25 +254,30 @@ class Settings(BaseModel):
                 raise ValueError(f"canary {canary.name!r} names upstream {canary.upstream!r}, which is not configured")
         if self.passthrough_auth and self.tenants:
             raise ValueError("passthrough_auth and tenants exclude each other: the client's key is either ours or the upstream's")
-        keys = [k.get_secret_value() for k in self.tenants.values()]
+        keys = [t.key.get_secret_value() for t in self.tenants.values()]
         if len(set(keys)) != len(keys):
             raise ValueError("two tenants share one API key")
+        if self.operator_token is not None and self.operator_token.get_secret_value() in keys:
+            raise ValueError("the operator token is also a tenant's API key")
         self.rules  # compiled here so that bad rules refuse to start
         return self
 
     @cached_property
     def rules(self) -> Rules:
-        return compile_rules(profiles=self.profiles, aliases=self.aliases, strategies=self.strategies,
+        return compile_rules(profiles=self.profiles, aliases=self.aliases, capabilities=self.capabilities,
+                             strategies=self.strategies,
                              schemas=self.schemas, attempts=self.schema_attempts, feedback=self.schema_feedback,
                              upstream_profiles=((u.name, u.profile) for u in self.upstreams))
 
 
 def parse_upstream(spec: str, index: int) -> dict[str, Any]:
-    """`NAME=URL` or a bare `URL` (named "default" when first, else "upstream<i>")."""
+    """`NAME=URL` or a bare `URL` (named "default" when first, else "upstream<i>"), either
+    with `#PROFILE` appended to pick the upstream's profile (`local=http://h:8000/v1#whitebox`)."""
+    spec, hashed, profile = spec.partition("#")
     name, sep, url = spec.partition("=")
     if not sep or "://" in name:
         name, url = ("default" if index == 0 else f"upstream{index}"), spec
-    return {"name": name, "url": url}
+    return {"name": name, "url": url, **({"profile": profile} if hashed else {})}
 
 
 def parse_rate_limit(spec: str, tenant: str = "*") -> tuple[float, float]:
@@ -189,8 +294,8 @@ def parse_rate_limit(spec: str, tenant: str = "*") -> tuple[float, float]:
 
 
 # Fields whose env value is a list (comma separated) or a NAME=VALUE map.
-_LIST_FIELDS = {"upstreams", "shared_cache_tenants"}
-_MAP_FIELDS = {"tenants", "rate_limits"}
+_LIST_FIELDS = {"upstreams", "shared_cache_tenants", "store_finish"}
+_MAP_FIELDS = {"tenants", "rate_limits", "model_ttl_s"}
 
 
 def from_env(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -1,25 +1,26 @@
-"""HTTP handlers: the cached API routes (one per surface), the proxied rest, health and metrics."""
+"""HTTP handlers: the cached API routes (one per surface), health and metrics."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
-import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.ingress.auth import authenticate, upstream_authorization
 from gateway.apis.surface import Surface, View
 from gateway.cache.entry import Entry
 from gateway.errors import ApiError, UpstreamError
 from gateway.ops.drift import DriftMonitor
 from gateway.cache.feed import Feed
+from gateway.ingress.auth import REFRESHES, Credentials, Tenant, authorize_operator, authorize_refresh
 from gateway.ingress.limits import TenantLimiter, rate_limited
 from gateway.cache.modes import MODE_CONTROLS, replay_miss, replay_unavailable
 from gateway.strategies.fanout import merged
 from gateway.policy.hidden_vars import scan, warning
 from gateway.policy.apply import Hints
+from gateway.policy.keys import chained
 from gateway.policy.prepare import Asked, Prepared
 from gateway.cache.singleflight import Flight, Outcome, Produce
 from gateway.state import CACHE, GATEWAY, KEY, METRICS, MODEL, PREPARED, SECRET, SETTINGS, TENANT, TENANTS
@@ -30,6 +31,7 @@ from gateway.strategies.voting import choose, meta_headers
 from gateway.ops.watch import DRIFT, UPSTREAM
 
 CACHE_CONTROLS = ("no-store", "no-cache", "only-if-cached")
+STATEFUL = "stateful"  # the control of a request the gateway passes through uncached (Surface.uncached)
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -56,9 +58,11 @@ def cache_control(value: str | None) -> str | None:
 
 def asked(request: web.Request, surface: Surface) -> Asked:
     headers = request.headers
-    keyed = tuple((name, headers[name]) for name in surface.keyed_headers if name in headers)
-    return Asked(headers.get("Authorization"), keyed,
-                 Hints(headers.get("x-detgate-mode"), headers.get("x-detgate-vote"), headers.get("x-detgate-schema")))
+    # A header sent on several lines is one comma-separated list (RFC 9110), not its first line.
+    keyed = tuple((name, ", ".join(headers.getall(name))) for name in surface.keyed_headers if name in headers)
+    return Asked(Credentials.of(headers), keyed,
+                 Hints(headers.get("x-detgate-mode"), headers.get("x-detgate-vote"), headers.get("x-detgate-schema")),
+                 headers.get("x-detgate-canonical"))
 
 
 def cached_route(surface: Surface):
@@ -66,7 +70,7 @@ def cached_route(surface: Surface):
         app = request.app
         raw = await read_body(request)
         prepared = app[PREPARED].get(surface, raw, asked(request, surface), app[SETTINGS], app[TENANTS], app[SECRET])
-        request[TENANT], request[MODEL], request[KEY] = prepared.tenant, prepared.model, prepared.key
+        request[TENANT], request[MODEL], request[KEY] = prepared.tenant.name, prepared.model, prepared.key
         metrics = app[METRICS]
         for rule in prepared.rules:
             metrics.count(metrics.canonical_rules, rule)
@@ -79,6 +83,8 @@ def cached_route(surface: Surface):
         call = prepared.call
         drift = app[DRIFT]
         key = request[KEY] = drift.key(prepared.key, call.upstream.name, prepared.model)
+        if control in REFRESHES and mode == "normal":  # a mode is the operator's, and refreshes by right
+            authorize_refresh(prepared.tenant, control, key, metrics)
         request[UPSTREAM] = call.upstream.name
         headers = {"x-detgate-key": key}
         if prepared.warnings:
@@ -86,17 +92,84 @@ def cached_route(surface: Surface):
 
         gateway = app[GATEWAY]
         if gateway.limiter is not None:
-            await admit(request, gateway.limiter, prepared.tenant)
+            await admit(request, gateway.limiter, prepared.tenant.name)
         if prepared.split:
             return await _answer_split(request, prepared, control, headers)
+        if prepared.uncached is not None:
+            control = _pass_through(request, prepared.uncached, control, headers)
+        elif prepared.parent is not None:
+            key, control = await _continue(request, prepared, key, control, headers)
+        if control == STATEFUL and call.spec is not SINGLE:
+            # Each call may change state upstream (a conversation's turns, a background job): one is made.
+            call = dataclasses.replace(call, spec=SINGLE)
+            _warn(headers, "no vote or schema check: a request passed through uncached is sent once")
         found = await _find_or_fly(request, key, call, control,
                                    _producer(call, gateway.client, drift, prepared.model, headers), headers)
         if isinstance(found, Entry):
+            await _own(request, prepared.tenant, surface, found, "hit")
             return _respond(request, surface, found, prepared.view, "hit", headers)
         _flag_hidden(request, call, headers)
-        return await _answer(request, surface, *found, prepared.view, headers)
+        return await _answer(request, prepared.tenant, surface, *found, prepared.view, headers)
 
     return handler
+
+
+def _pass_through(request: web.Request, why: str, control: str | None, headers: dict[str, str]) -> str:
+    """The control for a request the cache cannot answer (Surface.uncached): answered as
+    no-store, with a warning saying why; never in replay or only-if-cached."""
+    if control == "only-if-cached":
+        replay = request.app[SETTINGS].mode == "replay"
+        raise ApiError(404, f"This request is never cached ({why}): only an upstream call can answer it, which "
+                            f"{'replay mode' if replay else 'x-detgate-cache-control: only-if-cached'} rules out.",
+                       code="replay_miss" if replay else "cache_miss", headers={**headers, "x-detgate-cache": "miss"})
+    _warn(headers, f"passed through uncached: {why}")
+    return STATEFUL
+
+
+async def _continue(request: web.Request, prepared: Prepared, key: str, control: str | None,
+                    headers: dict[str, str]) -> tuple[str, str | None]:
+    """(key, control) of a request that continues an earlier answer: its key bound to that
+    answer's key where this tenant was served it from the cache; else it is passed through
+    uncached, unless the upstream would see it under a key other tenants share."""
+    app = request.app
+    try:
+        parent = await app[GATEWAY].chains.parent(prepared.tenant, prepared.call.upstream.name, prepared.parent)
+    except StoreError:
+        app[METRICS].cache_errors.labels("get").inc()
+        if app[SETTINGS].cache_failure == "fail-closed" or _shared_credential(app):
+            raise store_unavailable("the answer this request continues could not be looked up") from None
+        return key, _pass_through(request, "the store is down, so the answer it continues is unknown", control,
+                                  headers)
+    if parent:
+        key = request[KEY] = headers["x-detgate-key"] = chained(app[SECRET], key, parent)
+        return key, control
+    if parent is None and _shared_credential(app):
+        # The operator's key would continue whatever the id names, another tenant's conversation included.
+        raise ApiError(404, "The answer this request continues (previous_response_id) is not one this gateway "
+                            "served you, or it no longer remembers it.", param="previous_response_id",
+                       code="previous_response_not_found")
+    why = ("it continues an answer that was served uncached" if parent == "" else
+           "it continues an answer this gateway did not serve, or no longer remembers")
+    return key, _pass_through(request, why, control, headers)
+
+
+def _shared_credential(app: web.Application) -> bool:
+    """Whether upstreams see several tenants as one account (the operator's key)."""
+    return not app[SETTINGS].passthrough_auth and len({tenant.name for _, tenant in app[TENANTS].keys}) > 1
+
+
+async def _own(request: web.Request, tenant: Tenant, surface: Surface, entry: Entry, cache: str) -> None:
+    """Record that `tenant` was served `entry`, so that a later request of its own may
+    continue it (Surface.answer_id); before the answer's end goes out, which a client may
+    act on at once."""
+    answer = surface.answer_id(entry.body)
+    if answer is None:
+        return
+    stored = request[KEY] if cache != "bypass" else ""
+    try:
+        await request.app[GATEWAY].chains.served(tenant, request[UPSTREAM], answer, stored, entry)
+    except StoreError:
+        request.app[METRICS].cache_errors.labels("put").inc()
 
 
 def _producer(call: Call, client, drift: DriftMonitor, model: str, headers: dict[str, str]):
@@ -157,7 +230,7 @@ async def _part(request: web.Request, key: str, call: Call, control: str | None,
         return found, "hit"
     flight, cache = found
     outcome = await asyncio.shield(flight.task)
-    return outcome.entry, _settle(request, outcome, cache)
+    return outcome.entry, _settle(request, outcome, cache, headers)
 
 
 async def _find_or_fly(request: web.Request, key: str, call: Call, control: str | None, produce: Produce,
@@ -167,21 +240,21 @@ async def _find_or_fly(request: web.Request, key: str, call: Call, control: str 
     it starts under. Counts coalesced requests and bypasses known from the start."""
     app = request.app
     metrics = app[METRICS]
-    if control == "no-store":
-        metrics.cache_bypass.labels("no-store").inc()
+    if control in ("no-store", STATEFUL):
+        metrics.cache_bypass.labels(control).inc()
         return _unshared(produce), "bypass"
     refresh = control == "no-cache"
-    store_down = False
+    store_down, stale = False, None
     if not refresh:
-        entry, corrupt, store_down = await _lookup(request, key)
+        entry, stale, store_down = await _lookup(request, key)
         if entry is not None:
             return entry
         if app[SETTINGS].mode == "replay":
             raise replay_unavailable(headers) if store_down else replay_miss(key, call.body, headers)
         if control == "only-if-cached":
             raise _not_cached(key, headers)
-        refresh = corrupt
-    flight, leader = app[GATEWAY].flights.join(key, produce, refresh=refresh)
+    flight, leader = app[GATEWAY].flights.join(key, produce, str(call.body.get("model", "")),
+                                               refresh=refresh or stale == "corrupt", replace=stale == "expired")
     if not leader:
         metrics.coalesced.labels(request.match_info.route.name or "").inc()
     if store_down:
@@ -190,13 +263,16 @@ async def _find_or_fly(request: web.Request, key: str, call: Call, control: str 
     return flight, "miss" if leader else "coalesced"
 
 
-def _settle(request: web.Request, outcome: Outcome, cache: str) -> str:
-    """The cache label an answer goes out under, once its flight has landed."""
+def _settle(request: web.Request, outcome: Outcome, cache: str, headers: dict[str, str]) -> str:
+    """The cache label an answer goes out under, once its flight has landed; a warning when
+    the store rules chose not to keep it (a miss all the same, and again next time)."""
     metrics = request.app[METRICS]
     if not outcome.filled and cache == "miss":
         cache = "coalesced"  # another replica's call answered it
         metrics.coalesced.labels(request.match_info.route.name or "").inc()
-    if not outcome.stored and cache != "bypass":
+    if outcome.declined is not None:
+        _warn(headers, f"answer not stored: {outcome.declined}")
+    elif not outcome.stored and cache != "bypass":
         # The store failed while this answer was being filled: it went out uncached.
         if request.app[SETTINGS].cache_failure == "fail-closed":
             raise store_unavailable("the answer could not be stored")
@@ -236,8 +312,8 @@ def store_unavailable(what: str) -> ApiError:
                     type="server_error", code="cache_unavailable", headers={"Retry-After": "1"})
 
 
-async def _lookup(request: web.Request, key: str) -> tuple[Entry | None, bool, bool]:
-    """(entry, whether a stored value was corrupt and should be overwritten, whether the
+async def _lookup(request: web.Request, key: str) -> tuple[Entry | None, str | None, bool]:
+    """(entry, why a stored value must be overwritten: "corrupt" or "expired", whether the
     store failed). A failed store is a 503 when the gateway is configured fail-closed."""
     app = request.app
     try:
@@ -246,11 +322,14 @@ async def _lookup(request: web.Request, key: str) -> tuple[Entry | None, bool, b
         app[METRICS].cache_errors.labels("get").inc()
         if app[SETTINGS].cache_failure == "fail-closed":
             raise store_unavailable(str(exc)) from None
-        return None, False, True
+        return None, None, True
     if raw is None:
-        return None, False, False
+        return None, None, False
     entry = app[GATEWAY].flights.unseal(key, raw)
-    return entry, entry is None, False
+    if entry is None:
+        return None, "corrupt", False
+    # Past its TTL, though a copy (the near cache) or a slow clock still holds it.
+    return (None, "expired", False) if entry.expired() else (entry, None, False)
 
 
 def _respond(request: web.Request, surface: Surface, entry: Entry, view: View, cache: str,
@@ -264,7 +343,7 @@ def _respond(request: web.Request, surface: Surface, entry: Entry, view: View, c
                         content_type="text/event-stream" if streamed else "application/json")
 
 
-async def _answer(request: web.Request, surface: Surface, flight: Flight, cache: str, view: View,
+async def _answer(request: web.Request, tenant: Tenant, surface: Surface, flight: Flight, cache: str, view: View,
                   headers: dict[str, str]) -> web.StreamResponse:
     """Serve a flight's answer: live frames while they come when streaming, else the entry.
 
@@ -278,16 +357,18 @@ async def _answer(request: web.Request, surface: Surface, flight: Flight, cache:
             outcome = await asyncio.shield(flight.task)
         except UpstreamError as exc:
             return _upstream_error(exc, surface, {**headers, "x-detgate-cache": cache})
-        return _respond(request, surface, outcome.entry, view, _settle(request, outcome, cache), headers)
-    return await _stream_live(request, surface, flight, cache, view, headers)
+        cache = _settle(request, outcome, cache, headers)
+        await _own(request, tenant, surface, outcome.entry, cache if outcome.stored else "bypass")
+        return _respond(request, surface, outcome.entry, view, cache, headers)
+    return await _stream_live(request, tenant, surface, flight, cache, view, headers)
 
 
 def _warn(headers: dict[str, str], warning: str) -> None:
     headers["x-detgate-warnings"] = "; ".join(filter(None, (headers.get("x-detgate-warnings"), warning)))
 
 
-async def _stream_live(request: web.Request, surface: Surface, flight: Flight, cache: str, view: View,
-                       headers: dict[str, str]) -> web.StreamResponse:
+async def _stream_live(request: web.Request, tenant: Tenant, surface: Surface, flight: Flight, cache: str,
+                       view: View, headers: dict[str, str]) -> web.StreamResponse:
     feed = flight.feed
     drift = request.app[DRIFT].peek(request[UPSTREAM], request[MODEL], feed.fingerprint)
     if drift is not None:
@@ -304,6 +385,7 @@ async def _stream_live(request: web.Request, surface: Surface, flight: Flight, c
             # Headers are gone: the failure can only be told in-band, as the providers do.
             await response.write(surface.in_band_error(exc))
             return response
+        await _own(request, tenant, surface, outcome.entry, cache if outcome.stored else "bypass")
         await response.write(surface.stream_end(outcome.entry, view))
     except ConnectionResetError:
         pass  # the client left; the flight goes on and is stored if it completes
@@ -320,50 +402,11 @@ def _upstream_error(exc: UpstreamError, surface: Surface, headers: dict[str, str
     return response
 
 
-# Hop-by-hop and transport headers are the connection's business, not the message's.
-_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
-                  "host", "upgrade", "te", "trailer", "proxy-authorization", "proxy-authenticate"})
-
-
-async def proxy(request: web.Request) -> web.StreamResponse:
-    """Anything else under /v1/: passed to the default upstream uncached, streamed back."""
-    app = request.app
-    settings = app[SETTINGS]
-    client_auth = request.headers.get("Authorization")
-    request[TENANT] = authenticate(client_auth, app[TENANTS], settings.passthrough_auth)
-    request[CACHE] = "bypass"
-    upstream = settings.upstreams[0]
-    url = upstream.url + request.path[len("/v1"):]
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP and k.lower() != "authorization"}
-    authorization = upstream_authorization(upstream, client_auth, settings.passthrough_auth)
-    if authorization:
-        headers["Authorization"] = authorization
-    body = await read_body(request)
-    client = app[GATEWAY].client
-    try:
-        upstream_response = await client.session.request(request.method, url, params=request.query, data=body or None,
-                                                         headers=headers, timeout=client.timeout)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        app[METRICS].upstream_requests.labels(upstream.name, "502").inc()
-        return UpstreamError.unreachable(upstream.name, "the connection failed", repr(exc)).response()
-    async with upstream_response:
-        app[METRICS].upstream_requests.labels(upstream.name, str(upstream_response.status)).inc()
-        response = web.StreamResponse(status=upstream_response.status, headers={
-            k: v for k, v in upstream_response.headers.items() if k.lower() not in _HOP})
-        await response.prepare(request)
-        try:
-            async for chunk in upstream_response.content.iter_any():
-                await response.write(chunk)
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return response  # headers are sent: a broken body can only end early
-        await response.write_eof()
-        return response
-
-
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
 async def metrics(request: web.Request) -> web.Response:
+    authorize_operator(request.headers.get("Authorization"), request.app[TENANTS])
     body = generate_latest(request.app[METRICS].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -11,6 +11,7 @@ from gateway.ingress.limits import TenantLimiter
 from gateway.ops.logs import AccessLog
 from gateway.ops.metrics import Metrics
 from gateway.policy.prepare import PreparedMemo
+from gateway.cache.chains import Chains
 from gateway.cache.singleflight import SingleFlight
 from gateway.cache.store import Store
 from gateway.upstream.client import UpstreamClient
@@ -22,6 +23,7 @@ class Gateway:
 
     store: Store
     flights: SingleFlight
+    chains: Chains
     client: UpstreamClient
     limiter: TenantLimiter | None = None  # per-tenant rate limits, when configured
 

@@ -1,6 +1,7 @@
 """OpenAI Chat Completions (`POST /v1/chat/completions`), and every provider that speaks it."""
 from __future__ import annotations
 
+import base64
 from typing import Annotated, Any, Iterator, Literal
 
 import orjson
@@ -30,19 +31,28 @@ class ChatRequest(Sampling):
 
 _REQUEST = TypeAdapter(ChatRequest)
 
-# Optional request fields whose null means "absent" in the API. Unknown fields are not
-# listed: their null may mean something to the provider that defined them.
-_NULLABLE = frozenset({
-    "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
-    "max_completion_tokens", "max_tokens", "modalities", "n", "parallel_tool_calls",
-    "prediction", "presence_penalty", "reasoning_effort", "response_format", "seed",
-    "stop", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "verbosity",
-    "web_search_options",
-})
-_FIELD_RULES: dict[str, c.FieldRule] = {
-    "messages": c.messages, "stop": c.stop, "tools": c.tools, "functions": c.functions,
-    "response_format": c.response_format,
-}
+# The request body as the gateway knows it (see canonical.py): every member OpenAI defines,
+# and top_k, which the profiles know. A member not listed is kept exactly as sent. Null
+# means absent for every optional member listed; an unknown member's null may mean
+# something to the provider that defined it.
+_FIELDS = c.Fields(
+    {"model": c.plain, "messages": c.messages, "audio": c.plain, "frequency_penalty": c.number,
+     "function_call": c.plain, "functions": c.functions, "logit_bias": c.numbers, "logprobs": c.plain,
+     "max_completion_tokens": c.plain, "max_tokens": c.plain, "modalities": c.plain, "moderation": c.plain,
+     "n": c.plain, "parallel_tool_calls": c.plain, "prediction": c.plain, "presence_penalty": c.number,
+     "reasoning_effort": c.plain, "response_format": c.response_format, "seed": c.plain, "stop": c.stop,
+     "temperature": c.number, "tool_choice": c.plain, "tools": c.tools, "top_k": c.number, "top_logprobs": c.plain,
+     "top_p": c.number, "verbosity": c.plain, "web_search_options": c.plain},
+    nullable=frozenset({
+        "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
+        "max_completion_tokens", "max_tokens", "modalities", "moderation", "n", "parallel_tool_calls",
+        "prediction", "presence_penalty", "reasoning_effort", "response_format", "seed", "stop", "temperature",
+        "tool_choice", "tools", "top_k", "top_logprobs", "top_p", "verbosity", "web_search_options",
+    }),
+    # Documented defaults, the same on every OpenAI-compatible server.
+    defaults={"n": 1, "stop": [], "logprobs": False, "frequency_penalty": 0, "presence_penalty": 0,
+              "response_format": {"type": "text"}},
+)
 
 
 def _new_choice(index: int) -> dict[str, Any]:
@@ -52,7 +62,14 @@ def _new_choice(index: int) -> dict[str, Any]:
 def _add(choice: dict[str, Any], part: dict[str, Any]) -> None:
     delta = part.get("delta")
     if isinstance(delta, dict):
+        audio = delta.get("audio")
+        data = audio.get("data") if isinstance(audio, dict) else None
+        if isinstance(data, str):
+            delta = {**delta, "audio": {k: v for k, v in audio.items() if k != "data"}}
         choices.merge(choice["message"], delta)
+        if isinstance(data, str):
+            joined = choice["message"]["audio"]
+            joined["data"] = _join_base64(joined.get("data"), data)
     if isinstance(part.get("logprobs"), dict):
         if not isinstance(choice["logprobs"], dict):
             choice["logprobs"] = {}
@@ -61,11 +78,37 @@ def _add(choice: dict[str, Any], part: dict[str, Any]) -> None:
         choice["finish_reason"] = part["finish_reason"]
 
 
-def _settle(choice: dict[str, Any]) -> None:
+def _join_base64(have: Any, more: str) -> str:
+    """Two base64 texts as the one that encodes both their bytes: each streamed audio piece
+    is encoded alone, so text appends only after a piece that ends on a whole group."""
+    if not isinstance(have, str) or not have:
+        return more
+    if len(have) % 4 == 0 and not have.endswith("="):
+        return have + more
+    try:
+        return base64.b64encode(base64.b64decode(have) + base64.b64decode(more)).decode()
+    except ValueError:  # not base64 after all: kept as sent
+        return have + more
+
+
+def _settle(choice: dict[str, Any], last: dict[str, Any]) -> None:
     # Tool-call deltas are merged by index; a whole message's calls carry none.
-    for call in _list(choice["message"].get("tool_calls")):
+    message = choice["message"]
+    for call in _list(message.get("tool_calls")):
         if isinstance(call, dict):
             call.pop("index", None)
+    # An audio answer's stream ends with a delta holding only the audio's expires_at, and no
+    # finish_reason (gpt-4o-audio-preview; openai-node#1206): complete audio there is a
+    # finished answer. Anything else without a finish_reason stays unfinished.
+    delta, audio = _present(last.get("delta")), _dict(message.get("audio"))
+    if (choice["finish_reason"] is None and set(delta) == {"audio"} and set(_present(delta["audio"])) == {"expires_at"}
+            and all(audio.get(name) is not None for name in ("id", "data", "transcript", "expires_at"))):
+        choice["finish_reason"] = "stop"
+
+
+def _present(value: Any) -> dict:
+    """An object's members that are not null."""
+    return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else {}
 
 
 def _chunks(parsed: dict[str, Any]) -> list[dict[str, Any]]:
@@ -108,7 +151,7 @@ class ChatCompletions(Surface):
         check(_REQUEST, body)
 
     def canonical(self, body: dict, text: bool) -> c.Canonical:
-        return c.canonicalize(body, _NULLABLE, _FIELD_RULES)
+        return c.canonicalize(body, _FIELDS, text)
 
     def view(self, body: dict) -> View:
         return choices.view(body)
@@ -174,7 +217,7 @@ class ChatCompletions(Surface):
                     parsed = arguments
                 shaped.append({"name": function.get("name"), "arguments": parsed})
             try:
-                return c.canonical_json(shaped).decode()
+                return c.value_json(shaped).decode()
             except c.CanonicalError:
                 return ""
         content = message.get("content")

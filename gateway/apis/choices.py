@@ -137,7 +137,7 @@ class ChoicesRecorder(Recorder):
     def __init__(self, upstream: str, body_object: str, chunk_object: str,
                  add: Callable[[dict[str, Any], dict[str, Any]], None],
                  new_choice: Callable[[int], dict[str, Any]],
-                 settle: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 settle: Callable[[dict[str, Any], dict[str, Any]], None] | None = None) -> None:
         self.upstream = upstream
         self.body_object = body_object
         self.chunk_object = chunk_object
@@ -147,6 +147,7 @@ class ChoicesRecorder(Recorder):
         self.frames: list[bytes] = []
         self.envelope: dict[str, Any] = {}
         self.choices: dict[int, dict[str, Any]] = {}
+        self.last: dict[int, dict[str, Any]] = {}  # each choice's last part, for `settle`
         self.usage: Any = None
         self.done = False
 
@@ -174,6 +175,7 @@ class ChoicesRecorder(Recorder):
             if isinstance(part, dict):
                 index = part.get("index", 0)
                 self.add(self.choices.setdefault(index, self.new_choice(index)), part)
+                self.last[index] = part
         out = frame(payload)
         self.frames.append(out)
         return out
@@ -191,7 +193,7 @@ class ChoicesRecorder(Recorder):
             raise UpstreamError.broken_stream(self.upstream, "the stream ended before [DONE]")
         assembled = [self.choices[i] for i in sorted(self.choices)]
         for choice in assembled if self.settle else ():
-            self.settle(choice)
+            self.settle(choice, self.last[choice["index"]])
         body = {**head(self.envelope, self.body_object), "choices": assembled}
         if self.usage is not None:
             body["usage"] = self.usage

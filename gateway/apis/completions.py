@@ -18,11 +18,19 @@ class CompletionRequest(Sampling):
 
 
 _REQUEST = TypeAdapter(CompletionRequest)
-_NULLABLE = frozenset({
-    "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
-    "presence_penalty", "seed", "stop", "suffix", "temperature", "top_p",
-})
-_FIELD_RULES: dict[str, c.FieldRule] = {"prompt": c.inputs, "suffix": c.text_field, "stop": c.stop}
+# The request body as the gateway knows it (see canonical.py); a member not listed is kept exactly as sent.
+_FIELDS = c.Fields(
+    {"model": c.plain, "prompt": c.inputs, "suffix": c.text_field, "stop": c.stop, "best_of": c.plain,
+     "echo": c.plain, "frequency_penalty": c.number, "logit_bias": c.numbers, "logprobs": c.plain,
+     "max_tokens": c.plain, "n": c.plain, "presence_penalty": c.number, "seed": c.plain, "temperature": c.number,
+     "top_k": c.number, "top_p": c.number},
+    nullable=frozenset({
+        "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
+        "presence_penalty", "seed", "stop", "suffix", "temperature", "top_k", "top_p",
+    }),
+    # Documented defaults, the same on every OpenAI-compatible server (logprobs here is a count: none is its default).
+    defaults={"n": 1, "best_of": 1, "echo": False, "stop": [], "frequency_penalty": 0, "presence_penalty": 0},
+)
 
 
 def _new_choice(index: int) -> dict[str, Any]:
@@ -52,7 +60,7 @@ class Completions(Surface):
         check(_REQUEST, body)
 
     def canonical(self, body: dict, text: bool) -> c.Canonical:
-        return c.canonicalize(body, _NULLABLE, _FIELD_RULES)
+        return c.canonicalize(body, _FIELDS, text)
 
     def view(self, body: dict) -> View:
         return choices.view(body)

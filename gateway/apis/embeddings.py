@@ -21,8 +21,11 @@ class EmbeddingRequest(Open):
 
 
 _REQUEST = TypeAdapter(EmbeddingRequest)
-_NULLABLE = frozenset({"dimensions", "encoding_format"})
-_FIELD_RULES: dict[str, c.FieldRule] = {"input": c.inputs}
+# The request body as the gateway knows it (see canonical.py); a member not listed is kept
+# exactly as sent. encoding_format is keyed as sent: the openai SDK asks for base64 unless
+# told otherwise, and a float answer is other bytes.
+_FIELDS = c.Fields({"model": c.plain, "input": c.inputs, "encoding_format": c.plain, "dimensions": c.plain},
+                   nullable=frozenset({"dimensions", "encoding_format"}))
 
 
 class Embeddings(Surface):
@@ -33,7 +36,7 @@ class Embeddings(Surface):
         check(_REQUEST, body)
 
     def canonical(self, body: dict, text: bool) -> c.Canonical:
-        return c.canonicalize(body, _NULLABLE, _FIELD_RULES)
+        return c.canonicalize(body, _FIELDS, text)
 
     def view(self, body: dict) -> View:
         return View()

@@ -63,6 +63,9 @@ class Surface:
 
     name: str  # the route's name: in keys, metrics and logs ("chat.completions")
     path: str  # below /v1 on the gateway and below the upstream's base URL ("/chat/completions")
+    # The wire format family ("openai", "anthropic"): which upstreams serve this surface by
+    # their profile's default, and how credentials are sent (gateway/upstream/wires.py).
+    wire: str = "openai"
     errors: ErrorShape = OPENAI_ERRORS
     # Sampling parameters this wire accepts, by the names the profiles use
     # ("temperature", "top_p", "top_k", "seed", "n"); empty for surfaces that do not sample.
@@ -82,6 +85,17 @@ class Surface:
         rules. Raises CanonicalError for a body that has none."""
         raise NotImplementedError
 
+    def refuses(self, body: dict) -> frozenset[str]:
+        """Sampling parameters this request's other fields rule out whatever the model takes
+        (Anthropic's extended thinking samples at temperature 1, without top_k): never sent."""
+        return frozenset()
+
+    def keyed(self, sent: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        """The keyed headers as the key is signed over them and the upstream is sent them,
+        from those the request sent (lower-cased names, in `keyed_headers` order): where a
+        missing header has a default, or a header's spellings mean the same, one form."""
+        return sent
+
     def view(self, body: dict) -> View:
         return View(stream=body.get("stream") is True)
 
@@ -91,6 +105,16 @@ class Surface:
         if stream:
             out["stream"] = True
         return out
+
+    def uncached(self, body: dict) -> str | None:
+        """Why this request is passed through uncached (it asks for no answer now, or
+        depends on upstream state no key can name); None when it can be cached."""
+        return None
+
+    def parent_id(self, body: dict) -> str | None:
+        """The id of an earlier answer this request continues (`answer_id` of that answer);
+        None when it continues none."""
+        return None
 
     def message_count(self, body: dict) -> int:
         return 0
@@ -123,6 +147,11 @@ class Surface:
 
     def fingerprint(self, body: bytes) -> str | None:
         """The upstream's build identifier in an answer, for drift detection."""
+        return None
+
+    def answer_id(self, body: bytes) -> str | None:
+        """The id an answer body gives itself, by which a later request may continue it
+        (`parent_id`); None where the surface has no such ids."""
         return None
 
     def answer_parts(self, parsed: dict) -> list:

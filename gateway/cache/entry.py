@@ -8,6 +8,7 @@ streams, identically for everyone.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +31,24 @@ class Entry:
     # How the answer was chosen ({"vote": record, "attempts": n}), kept with it so that hits
     # report it as the miss did; None for a plain call.
     meta: dict[str, Any] | None = None
+    # When it ages out (Unix time, ms), sealed with it so that every copy (a near cache, an
+    # export) ages out with it; None: never.
+    expires_ms: int | None = None
+
+    def expired(self, now_ms: int | None = None) -> bool:
+        return self.expires_ms is not None and self.expires_ms <= (now_ms if now_ms is not None else now_in_ms())
+
+
+def now_in_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class CorruptEntry(ValueError):
     pass
+
+
+class OtherVersion(CorruptEntry):
+    """An entry written by a gateway of another ENTRY_VERSION: sound, but not readable here."""
 
 
 class TamperedEntry(CorruptEntry):
@@ -58,6 +73,8 @@ def encode(entry: Entry) -> bytes:
               "stream": _text(entry.stream), "tail": _text(entry.tail)}
     if entry.meta:
         record["meta"] = entry.meta
+    if entry.expires_ms is not None:
+        record["expires_ms"] = entry.expires_ms
     return orjson.dumps(record)
 
 
@@ -65,12 +82,15 @@ def decode(raw: bytes) -> Entry:
     try:
         record = orjson.loads(raw)
         if record["v"] != ENTRY_VERSION:
-            raise CorruptEntry(f"entry version {record['v']!r}, this gateway reads {ENTRY_VERSION}")
+            raise OtherVersion(f"entry version {record['v']!r}, this gateway reads {ENTRY_VERSION}")
         meta = record.get("meta")
         if meta is not None and not isinstance(meta, dict):
             raise CorruptEntry("entry meta is not an object")
+        expires = record.get("expires_ms")
+        if expires is not None and type(expires) is not int:
+            raise CorruptEntry("entry expires_ms is not an integer")
         return Entry(_bytes(record["body"]), _bytes(record["stream"]), str(record["model"]), str(record["finish"]),
-                     _bytes(record["tail"]), meta)
+                     _bytes(record["tail"]), meta, expires)
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptEntry(f"unreadable cache entry: {exc}") from exc
 

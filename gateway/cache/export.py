@@ -1,9 +1,12 @@
 """Cache entries in and out of a store as JSONL: golden answers a team commits and replays.
 
-One line per entry, sorted by key, each line's fields sorted too, so that two exports of
-the same cache are the same file and a diff shows only real changes:
+One line per entry, sorted by key, so that two exports of the same cache are the same file
+and a diff shows only real changes. A line holds the entry's sealed bytes exactly: its
+record, embedded as the JSON it is stored as, and the MAC the gateway sealed it with:
 
-    {"entry": {"body": ..., "model": ..., "sse": ..., "v": 1}, "key": "dg1:...", "mac": "..."}
+    {"entry": {"v": 2, "model": ..., "finish": ..., "body": ..., ...}, "key": "dg2:...", "mac": "..."}
+
+so import stores byte for byte what export read, whatever the record holds.
 
 When a drift policy `rotate` has moved some model's keys to a newer namespace, the file
 starts with the namespace epochs the keys were made in, and import raises the ledger's
@@ -14,35 +17,50 @@ first namespace and replay would miss every one:
 
 Keys are signed with the gateway's secret, so entries are only ever found by a gateway
 that has the secret they were exported under: CI that replays golden answers runs with
-the same secret as the gateway that recorded them. Import therefore verifies each entry's
+the same secret as the gateway that recorded them. Export vouches for every line: it
+writes only entries that verify under the exporting secret and that this gateway can
+read and still serve, and counts the others by why (sealed under another secret, as an
+earlier secret leaves them on a shared Redis; of an older key schema or entry version;
+unreadable; expired), so a file it writes always imports. Import verifies each entry's
 MAC with the importing secret and refuses the ones that fail (edited by hand, or exported
 under another secret: their keys could never match a request anyway). `--reseal` trusts
-the file instead and seals every entry anew, for a golden file edited on purpose.
+the file instead and seals every entry anew, for a golden file edited on purpose. An
+entry keeps its TTL: import stores it for the time it has left, and skips one already past it.
 """
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import secrets
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import IO
 
 import orjson
 from tqdm import tqdm
 
-from gateway.cache.entry import CorruptEntry, Sealer, decode, encode
-from gateway.policy.keys import KEY_PREFIX, verify_entry
+from gateway.cache.entry import CorruptEntry, Entry, OtherVersion, Sealer, decode, now_in_ms
 from gateway.cache.store import Store
+from gateway.policy.keys import KEY_PREFIX, entry_mac, verify_entry
 
 BATCH = 64  # concurrent reads while exporting
 MAC_LEN = Sealer.MAC_LEN
-_KEY_LEN = len(KEY_PREFIX) + 64
+_KEY = re.compile(re.escape(KEY_PREFIX) + "[0-9a-f]{64}")
+
+# Why an entry is left out, as export and import say it.
+FOREIGN = "sealed under another secret (or altered in the store)"
+OLD_KEY = "of an older key schema"
+OLD_ENTRY = "of another entry version"
+UNREADABLE = "unreadable"
+EXPIRED = "past their TTL"
+GONE = "gone before they were read"
 
 
 @dataclass
 class Counts:
     written: int = 0
-    skipped: int = 0  # gone between listing and reading, or failing their MAC in the store
+    skipped: Counter[str] = field(default_factory=Counter)  # why -> entries left out, not a fault of the file
     rejected: int = 0
     problems: list[str] = field(default_factory=list)  # the first few, for the message
     epochs: dict[str, int] = field(default_factory=dict)  # namespace epochs an imported file names
@@ -52,13 +70,37 @@ class Counts:
         if len(self.problems) < 5:
             self.problems.append(problem)
 
+    def skips(self) -> str:
+        """"; skipped 3: 2 sealed under another secret, 1 past their TTL", or "" for none."""
+        if not self.skipped:
+            return ""
+        return f"; skipped {sum(self.skipped.values())}: " + ", ".join(
+            f"{n} {why}" for why, n in sorted(self.skipped.items(), key=lambda item: -item[1]))
 
-def export_line(key: str, value: bytes, secret: bytes) -> bytes | None:
-    """The JSONL line for a stored value; None when it fails its MAC (never exported)."""
+
+def _readable(raw: bytes) -> Entry | str:
+    """The entry in a record, or why it is left out."""
+    try:
+        entry = decode(raw)
+    except OtherVersion:
+        return OLD_ENTRY
+    except CorruptEntry:
+        return UNREADABLE
+    return EXPIRED if entry.expired() else entry
+
+
+def export_line(key: str, value: bytes, secret: bytes) -> bytes | str:
+    """The JSONL line for a stored value, or why it is not exported."""
+    if not _KEY.fullmatch(key):
+        return OLD_KEY
     mac, raw = value[:MAC_LEN].decode("ascii", "replace"), value[MAC_LEN:]
     if not verify_entry(secret, key, raw, mac):
-        return None
-    return orjson.dumps({"key": key, "mac": mac, "entry": orjson.loads(raw)}, option=orjson.OPT_SORT_KEYS) + b"\n"
+        return FOREIGN
+    found = _readable(raw)
+    if isinstance(found, str):
+        return found
+    # The record as stored, byte for byte (orjson wrote it: JSON that needs no re-encoding).
+    return b'{"entry":' + raw + b',"key":"' + key.encode() + b'","mac":"' + mac.encode() + b'"}\n'
 
 
 def epochs_line(epochs: dict[str, int]) -> bytes:
@@ -73,24 +115,26 @@ def read_epochs(record: dict) -> dict[str, int]:
     return epochs
 
 
-def import_value(record: dict, secret: bytes, reseal: bool) -> tuple[str, bytes]:
-    """(key, value to store) for an entry line; ValueError saying what is wrong with it."""
+def import_value(record: dict, secret: bytes, reseal: bool) -> tuple[str, bytes, Entry]:
+    """(key, value to store, its entry) for an entry line; ValueError saying what is wrong with it."""
     if not {"key", "mac", "entry"} <= record.keys():
         raise ValueError("not an object with key, mac and entry")
     key, mac = record["key"], record["mac"]
-    if not isinstance(key, str) or len(key) != _KEY_LEN or not key.startswith(KEY_PREFIX):
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
         raise ValueError(f"key {str(key)[:80]!r} is not a {KEY_PREFIX} cache key")
+    if not isinstance(record["entry"], dict):
+        raise ValueError("its entry is not an object")
+    raw = orjson.dumps(record["entry"])  # the exported bytes again: orjson reads and writes them unchanged
     try:
-        entry = decode(orjson.dumps(record["entry"]))
+        entry = decode(raw)
     except CorruptEntry as exc:
         raise ValueError(str(exc)) from None
     if reseal:
-        return key, Sealer(secret).seal(key, entry)
-    raw = encode(entry)
-    if not verify_entry(secret, key, raw, mac):
+        mac = entry_mac(secret, key, raw)
+    elif not verify_entry(secret, key, raw, mac):
         raise ValueError(f"entry {key} fails its MAC check under this secret (exported under another secret, "
                          f"or edited; --reseal trusts the file)")
-    return key, mac.encode() + raw
+    return key, mac.encode() + raw, entry
 
 
 async def export_entries(store: Store, out: IO[bytes], secret: bytes, epochs: dict[str, int],
@@ -103,9 +147,9 @@ async def export_entries(store: Store, out: IO[bytes], secret: bytes, epochs: di
         for at in range(0, len(keys), BATCH):
             batch = keys[at:at + BATCH]
             for key, value in zip(batch, await asyncio.gather(*(store.get(key) for key in batch))):
-                line = None if value is None else export_line(key, value, secret)
-                if line is None:
-                    counts.skipped += 1
+                line = GONE if value is None else export_line(key, value, secret)
+                if isinstance(line, str):
+                    counts.skipped[line] += 1
                 else:
                     out.write(line)
                     counts.written += 1
@@ -132,10 +176,14 @@ async def import_entries(store: Store, source: IO[bytes], secret: bytes, *, rese
                 if "epochs" in record:
                     counts.epochs.update(read_epochs(record))
                     continue
-                key, value = import_value(record, secret, reseal)
+                key, value, entry = import_value(record, secret, reseal)
             except ValueError as exc:  # orjson.JSONDecodeError is one
                 counts.reject(f"line {number}: {exc}")
                 continue
-            await store.commit(key, value, owner, overwrite=True)
+            left_ms = 0 if entry.expires_ms is None else entry.expires_ms - now_in_ms()
+            if entry.expires_ms is not None and left_ms <= 0:
+                counts.skipped[EXPIRED] += 1
+                continue
+            await store.commit(key, value, owner, overwrite=True, ttl_ms=left_ms)
             counts.written += 1
     return counts

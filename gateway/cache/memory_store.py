@@ -2,19 +2,23 @@
 
 Locks here only ever meet other flights of the same process, which the in-process
 single-flight has already merged; they exist so the fill protocol is the same for both stores.
+An entry past its TTL is dropped when it is next touched, and LRU eviction takes the
+rest in time.
 """
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 
 class MemoryStore:
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_bytes = max_bytes
         self.nbytes = 0
+        self._clock = clock
         self._entries: OrderedDict[str, bytes] = OrderedDict()
+        self._expires: dict[str, float] = {}  # key -> clock time it ages out, for entries with a TTL
         self._locks: dict[str, tuple[str, float]] = {}
 
     def __len__(self) -> int:
@@ -22,20 +26,40 @@ class MemoryStore:
 
     async def get(self, key: str) -> bytes | None:
         value = self._entries.get(key)
-        if value is not None:
-            self._entries.move_to_end(key)
+        if value is None:
+            return None
+        if key in self._expires and self._expires[key] <= self._clock():
+            self._drop(key)
+            return None
+        self._entries.move_to_end(key)
         return value
 
-    async def commit(self, key: str, value: bytes, owner: str, *, overwrite: bool = False) -> bool:
+    async def get_expiring(self, key: str) -> tuple[bytes | None, float | None]:
+        value = self._entries.get(key)
+        if value is None:
+            return None, None
+        left = self._left(key)
+        if left is not None and left <= 0:
+            self._drop(key)
+            return None, None
+        self._entries.move_to_end(key)
+        return value, left
+
+    def _left(self, key: str) -> float | None:
+        expires = self._expires.get(key)
+        return None if expires is None else expires - self._clock()
+
+    async def commit(self, key: str, value: bytes, owner: str, *, overwrite: bool = False, ttl_ms: int = 0) -> bool:
         await self.unlock(key, owner)
-        if overwrite:
+        left = self._left(key)
+        if overwrite or (left is not None and left <= 0):
             self._drop(key)
         elif key in self._entries:
             self._entries.move_to_end(key)
             return False
-        return self._insert(key, value)
+        return self._insert(key, value, ttl_ms)
 
-    def _insert(self, key: str, value: bytes) -> bool:
+    def _insert(self, key: str, value: bytes, ttl_ms: int) -> bool:
         size = len(key) + len(value)
         if size > self.max_bytes:
             return False  # would evict everything and still not fit
@@ -43,10 +67,13 @@ class MemoryStore:
             self._drop(next(iter(self._entries)))
         self._entries[key] = value
         self.nbytes += size
+        if ttl_ms:
+            self._expires[key] = self._clock() + ttl_ms / 1000
         return True
 
     def _drop(self, key: str) -> None:
         value = self._entries.pop(key, None)
+        self._expires.pop(key, None)
         if value is not None:
             self.nbytes -= len(key) + len(value)
 
@@ -72,9 +99,12 @@ class MemoryStore:
 
     async def keys(self) -> AsyncIterator[str]:
         for key in list(self._entries):
-            yield key
+            left = self._left(key)
+            if left is None or left > 0:
+                yield key
 
     async def close(self) -> None:
         self._entries.clear()
+        self._expires.clear()
         self._locks.clear()
         self.nbytes = 0

@@ -4,7 +4,8 @@ A cache hit through Redis costs several times the CPU of the rest of the hit (a 
 trip through redis-py); hot keys are read over and over, and entries never change once
 written, except by an explicit refresh (`x-detgate-cache-control: no-cache`). So each
 replica keeps what it read for `ttl_s`: a refresh made on another replica is seen here
-after at most that long, and a refresh made here is seen at once.
+after at most that long, and a refresh made here is seen at once. A copy never outlives
+its entry: an entry with a TTL is read with the time it has left, and copied for no longer.
 """
 from __future__ import annotations
 
@@ -30,27 +31,30 @@ class NearCache:
             if copy[0] > self._clock():
                 return copy[1]
             self._forget(key)
-        value = await self.store.get(key)
+        value, left = await self.store.get_expiring(key)
         if value is not None:
-            self._remember(key, value)
+            self._remember(key, value, left)
         return value
 
-    async def commit(self, key: str, value: bytes, owner: str, *, overwrite: bool = False) -> bool:
-        stored = await self.store.commit(key, value, owner, overwrite=overwrite)
+    async def get_expiring(self, key: str) -> tuple[bytes | None, float | None]:
+        return await self.store.get_expiring(key)
+
+    async def commit(self, key: str, value: bytes, owner: str, *, overwrite: bool = False, ttl_ms: int = 0) -> bool:
+        stored = await self.store.commit(key, value, owner, overwrite=overwrite, ttl_ms=ttl_ms)
         if stored:
-            self._remember(key, value)
+            self._remember(key, value, ttl_ms / 1000 if ttl_ms else None)
         else:
             self._forget(key)
         return stored
 
-    def _remember(self, key: str, value: bytes) -> None:
+    def _remember(self, key: str, value: bytes, left: float | None) -> None:
         self._forget(key)
         size = len(key) + len(value)
         if size > self.max_bytes:
             return
         while self.nbytes + size > self.max_bytes:
             self._forget(next(iter(self._copies)))
-        self._copies[key] = (self._clock() + self.ttl_s, value)
+        self._copies[key] = (self._clock() + min(self.ttl_s, self.ttl_s if left is None else left), value)
         self.nbytes += size
 
     def _forget(self, key: str) -> None:

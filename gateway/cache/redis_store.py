@@ -28,17 +28,18 @@ def lock_name(key: str) -> str:
 # extend or delete the claim of the replica that took over.
 _RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
 _UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
-# KEYS: entry, lock. ARGV: value, owner, "1" to overwrite. One round trip for the end of a fill.
+# KEYS: entry, lock. ARGV: value, owner, "1" to overwrite, TTL in ms ("0": none). One round
+# trip for the end of a fill.
 _COMMIT = """
-local stored = 1
-if ARGV[3] == '1' then
-  redis.call('set', KEYS[1], ARGV[1])
-elseif not redis.call('set', KEYS[1], ARGV[1], 'NX') then
-  stored = 0
-end
+local set = {'set', KEYS[1], ARGV[1]}
+if ARGV[3] ~= '1' then table.insert(set, 'NX') end
+if ARGV[4] ~= '0' then table.insert(set, 'PX'); table.insert(set, ARGV[4]) end
+local stored = redis.call(unpack(set)) and 1 or 0
 if redis.call('get', KEYS[2]) == ARGV[2] then redis.call('del', KEYS[2]) end
 return stored
 """
+# An entry and the milliseconds it has left (-1: no TTL), in one round trip.
+_GET_EXPIRING = "return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])}"
 
 
 CLUSTER_SCHEME = "redis+cluster://"
@@ -64,6 +65,7 @@ class RedisStore:
         self._renew = self._redis.register_script(_RENEW)
         self._unlock = self._redis.register_script(_UNLOCK)
         self._commit = self._redis.register_script(_COMMIT)
+        self._get_expiring = self._redis.register_script(_GET_EXPIRING)
 
     @property
     def client(self) -> aioredis.Redis | aioredis.RedisCluster:
@@ -74,38 +76,45 @@ class RedisStore:
         try:
             await self._redis.ping()
         except RedisError as exc:
-            raise StoreError(f"redis: {exc}") from exc
+            raise StoreError.of("redis", exc) from exc
 
     async def get(self, key: str) -> bytes | None:
         try:
             return await self._redis.get(entry_name(key))
         except RedisError as exc:
-            raise StoreError(f"redis get: {exc}") from exc
+            raise StoreError.of("redis get", exc) from exc
 
-    async def commit(self, key: str, value: bytes, owner: str, *, overwrite: bool = False) -> bool:
+    async def get_expiring(self, key: str) -> tuple[bytes | None, float | None]:
+        try:
+            value, left_ms = await self._get_expiring(keys=[entry_name(key)])
+        except RedisError as exc:
+            raise StoreError.of("redis get", exc) from exc
+        return value, (left_ms / 1000 if left_ms >= 0 else None)
+
+    async def commit(self, key: str, value: bytes, owner: str, *, overwrite: bool = False, ttl_ms: int = 0) -> bool:
         try:
             return bool(await self._commit(keys=[entry_name(key), lock_name(key)],
-                                           args=[value, owner, "1" if overwrite else "0"]))
+                                           args=[value, owner, "1" if overwrite else "0", str(int(ttl_ms))]))
         except RedisError as exc:
-            raise StoreError(f"redis commit: {exc}") from exc
+            raise StoreError.of("redis commit", exc) from exc
 
     async def try_lock(self, key: str, owner: str, lease_ms: int) -> bool:
         try:
             return bool(await self._redis.set(lock_name(key), owner, nx=True, px=lease_ms))
         except RedisError as exc:
-            raise StoreError(f"redis lock: {exc}") from exc
+            raise StoreError.of("redis lock", exc) from exc
 
     async def renew(self, key: str, owner: str, lease_ms: int) -> bool:
         try:
             return bool(await self._renew(keys=[lock_name(key)], args=[owner, lease_ms]))
         except RedisError as exc:
-            raise StoreError(f"redis renew: {exc}") from exc
+            raise StoreError.of("redis renew", exc) from exc
 
     async def unlock(self, key: str, owner: str) -> None:
         try:
             await self._unlock(keys=[lock_name(key)], args=[owner])
         except RedisError as exc:
-            raise StoreError(f"redis unlock: {exc}") from exc
+            raise StoreError.of("redis unlock", exc) from exc
 
     async def keys(self) -> AsyncIterator[str]:
         # SCAN, not KEYS: a large cache is walked in slices without blocking Redis.
@@ -113,7 +122,7 @@ class RedisStore:
             async for name in self._redis.scan_iter(match=_ENTRY_PREFIX + "*", count=1000):
                 yield name.decode()[len(_ENTRY_PREFIX) + 1:-1]
         except RedisError as exc:
-            raise StoreError(f"redis scan: {exc}") from exc
+            raise StoreError.of("redis scan", exc) from exc
 
     async def close(self) -> None:
         await self._redis.aclose()

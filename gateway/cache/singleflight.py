@@ -7,17 +7,23 @@ is stored even when nobody is left to read it.
 Across replicas the lock is `SET NX PX` with a lease that the holder renews while it
 works. The others poll for the entry; when the lock disappears without an entry (the
 holder failed, or died and its lease ran out) one of them takes over.
+
+The flight decides what is stored, by the store rules (gateway/cache/storing.py): an
+answer they decline is handed to its waiters all the same and the lock is released
+without an entry, so the next request asks again.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from gateway.cache.entry import CorruptEntry, Entry, Sealer, TamperedEntry
+from gateway.cache.entry import CorruptEntry, Entry, Sealer, TamperedEntry, now_in_ms
 from gateway.cache.feed import Feed
 from gateway.cache.store import Store, StoreError
+from gateway.cache.storing import StoreRules
 
 Produce = Callable[[Feed], Awaitable[Entry]]
 
@@ -29,7 +35,9 @@ POLL_MAX_S = 0.05
 class Outcome:
     entry: Entry
     filled: bool  # False when another replica's entry arrived while we waited for its lock
-    stored: bool = True  # False when the store failed and this answer went out uncached
+    stored: bool = True  # False when this answer went out uncached
+    # Why the store rules kept it out of the store; None when it is stored, or the store failed.
+    declined: str | None = None
 
 
 @dataclass(frozen=True)
@@ -39,21 +47,29 @@ class Flight:
 
 
 class SingleFlight:
-    def __init__(self, store: Store, sealer: Sealer, lease_ms: int, on_store_error: Callable[[str], None]) -> None:
+    def __init__(self, store: Store, sealer: Sealer, lease_ms: int, on_store_error: Callable[[str], None],
+                 rules: StoreRules, on_declined: Callable[[Entry], None]) -> None:
         self.store = store
         self.sealer = sealer
         self.lease_ms = lease_ms
+        self.rules = rules
         self.owner = secrets.token_hex(8)  # this process, in lock values
         self._on_store_error = on_store_error
+        self._on_declined = on_declined
         self._flights: dict[str, Flight] = {}
 
-    def join(self, key: str, produce: Produce, *, refresh: bool = False) -> tuple[Flight, bool]:
-        """The flight for `key`, started by this call when none is in the air; True for the starter."""
+    def join(self, key: str, produce: Produce, model: str, *, refresh: bool = False,
+             replace: bool = False) -> tuple[Flight, bool]:
+        """The flight for `key`, started by this call when none is in the air; True for the
+        starter. `model` (the pinned version) picks the entry's TTL. `refresh` fills anew
+        whatever is stored; `replace` overwrites a stored value found stale (expired) unless
+        another replica fills the key first."""
         flight = self._flights.get(key)
         if flight is not None:
             return flight, False
         feed = Feed()
-        flight = Flight(feed, asyncio.create_task(self._fill(key, produce, feed, refresh)))
+        fill = self._fill(key, produce, feed, refresh, refresh or replace, self.rules.ttl_ms(model))
+        flight = Flight(feed, asyncio.create_task(fill))
         self._flights[key] = flight
         flight.task.add_done_callback(lambda task: self._landed(key, task))
         return flight, True
@@ -63,7 +79,8 @@ class SingleFlight:
         if not task.cancelled():
             task.exception()  # retrieved here: a failure nobody waited for is not worth a warning
 
-    async def _fill(self, key: str, produce: Produce, feed: Feed, refresh: bool) -> Outcome:
+    async def _fill(self, key: str, produce: Produce, feed: Feed, refresh: bool, overwrite: bool,
+                    ttl_ms: int) -> Outcome:
         try:
             waited = await self._acquire(key, refresh)
             if isinstance(waited, Entry):
@@ -76,7 +93,12 @@ class SingleFlight:
                 raise
             finally:
                 heartbeat.cancel()
-            stored, entry = await self._commit(key, entry, refresh)
+            declined = self.rules.declines(entry)
+            if declined is not None:
+                self._on_declined(entry)
+                await self._safely("unlock", self.store.unlock(key, self.owner))
+                return Outcome(entry, filled=True, stored=False, declined=declined)
+            stored, entry = await self._commit(key, entry, overwrite, ttl_ms)
             return Outcome(entry, filled=True, stored=stored)
         finally:
             feed.close()
@@ -102,7 +124,8 @@ class SingleFlight:
 
     async def _read(self, key: str) -> Entry | None:
         raw = await self._safely("get", self.store.get(key))
-        return None if raw is None else self.unseal(key, raw)
+        entry = None if raw is None else self.unseal(key, raw)
+        return None if entry is None or entry.expired() else entry
 
     def unseal(self, key: str, raw: bytes) -> Entry | None:
         """The entry in a value stored under `key`; None, counted, when the value fails its
@@ -113,11 +136,13 @@ class SingleFlight:
             self._on_store_error("tamper" if isinstance(exc, TamperedEntry) else "decode")
             return None
 
-    async def _commit(self, key: str, entry: Entry, refresh: bool) -> tuple[bool, Entry]:
+    async def _commit(self, key: str, entry: Entry, overwrite: bool, ttl_ms: int) -> tuple[bool, Entry]:
         """Store first-writer-wins, release the lock, and return (whether the store holds an
         answer, what it holds), which every reader then gets."""
+        if ttl_ms:
+            entry = dataclasses.replace(entry, expires_ms=now_in_ms() + ttl_ms)
         raw = self.sealer.seal(key, entry)
-        stored = await self._safely("put", self.store.commit(key, raw, self.owner, overwrite=refresh))
+        stored = await self._safely("put", self.store.commit(key, raw, self.owner, overwrite=overwrite, ttl_ms=ttl_ms))
         if stored is None:  # the store failed: this answer goes out unstored; the lock lapses by lease
             return False, entry
         if stored:

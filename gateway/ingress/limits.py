@@ -1,5 +1,4 @@
-"""Per-tenant policy beyond authentication: messages per request, rate limits, and which
-tenants share cache entries.
+"""Per-tenant policy beyond authentication: messages per request and rate limits.
 
 Each breach is the client's to fix or wait out, so each is a 4xx in OpenAI's shape: 400
 for a request that can never pass, 429 with Retry-After for one that may pass later.
@@ -10,7 +9,7 @@ from typing import Callable
 
 import redis.asyncio as aioredis
 
-from gateway.config import SHARED_NAMESPACE, Settings, parse_rate_limit
+from gateway.config import Settings, parse_rate_limit
 from gateway.errors import ApiError
 from gateway.ingress.ratelimit import Decision, Limit, LocalRateLimiter, RedisRateLimiter, retry_after_header
 
@@ -22,12 +21,6 @@ def check_message_count(count: int, max_messages: int) -> None:
     if count > max_messages:
         raise ApiError(400, f"The request has {count} messages; this gateway accepts at most {max_messages}.",
                        param="messages", code="too_many_messages")
-
-
-def cache_namespace(tenant: str, settings: Settings) -> str:
-    """Whose entries a tenant's requests read and write: its own, unless the settings make
-    it share them (Settings refuses a tenant named like the shared namespace otherwise)."""
-    return SHARED_NAMESPACE if tenant in settings.shared_cache_tenants else tenant
 
 
 class TenantLimiter:

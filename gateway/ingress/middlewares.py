@@ -18,8 +18,11 @@ _TYPES = {401: "invalid_request_error", 403: "permission_error", 404: "invalid_r
 
 
 def shape_of(request: web.Request) -> ErrorShape:
-    """The error shape of the surface a request was routed to; OpenAI's elsewhere."""
+    """The error shape of the surface a request was routed to, or whose path it is below
+    (Anthropic's /v1/messages/count_tokens, proxied); OpenAI's elsewhere."""
     surface = SURFACES.get(request.match_info.route.name or "")
+    if surface is None:
+        surface = next((s for s in SURFACES.values() if request.path.startswith(f"/v1{s.path}/")), None)
     return surface.errors if surface is not None else OPENAI_ERRORS
 
 
@@ -46,6 +49,12 @@ async def errors(request: web.Request, handler) -> web.StreamResponse:
         return web.Response(status=500, content_type=shape.content_type,
                             body=shape.body("The gateway failed to handle this request; the failure is logged.",
                                             type="server_error", code="internal_error", status=500))
+
+
+async def label_cache(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response says how the cache took part, as README promises: a route that set no
+    label (the proxy, health, an error before any lookup) did not use the cache."""
+    response.headers.setdefault("x-detgate-cache", request.get(CACHE, "bypass"))
 
 
 @web.middleware

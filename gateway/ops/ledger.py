@@ -141,7 +141,7 @@ class RedisLedger:
         try:
             return await call
         except RedisError as exc:
-            raise StoreError(f"redis {what}: {exc}") from exc
+            raise StoreError.of(f"redis {what}", exc) from exc
 
     async def claim(self, table: str, field: str, value: str) -> str:
         return _text(await self._run("claim", self._claim(keys=[_PREFIX + table], args=[field, value])))

@@ -50,8 +50,13 @@ class Metrics:
                                           ["upstream", "why"], registry=r)
         self.rate_limited = Counter("detgate_rate_limited", "Requests refused by a tenant's rate limit.",
                                     ["tenant"], registry=r)
+        self.refreshes = Counter("detgate_refreshes", "x-detgate-cache-control no-cache and no-store sent, by "
+                                 "tenant and whether its right allowed them.", ["tenant", "control", "outcome"],
+                                 registry=r)
         self.cache_bypass = Counter("detgate_cache_bypass", "Requests answered without the cache, by why.",
                                     ["reason"], registry=r)
+        self.cache_declined = Counter("detgate_cache_declined", "Complete answers served but not stored, as the "
+                                      "store rules (store_finish) decide, by finish class.", ["finish"], registry=r)
         self.cache_tamper = Counter("detgate_cache_tamper",
                                     "Stored entries that failed their MAC check (altered, or copied from another key).",
                                     registry=r)
@@ -71,7 +76,8 @@ class Metrics:
         self._children: dict[tuple[str, str, str, str], tuple[Counter, Histogram]] = {}
         self._labelled: dict[tuple[Counter, str], Counter] = {}
 
-    def prime(self, upstreams: Iterable[str], canaries: Iterable[str], limited_tenants: Iterable[str]) -> None:
+    def prime(self, upstreams: Iterable[str], canaries: Iterable[str], limited_tenants: Iterable[str],
+              tenants: Iterable[tuple[str, bool]] = ()) -> None:
         """Create the series we know will exist at zero. A series born at 1 shows no increase
         to rate() or increase(), so without this the first breaker trip, canary mismatch or
         rate-limit refusal would be invisible to dashboards and alerts."""
@@ -82,6 +88,9 @@ class Metrics:
                 self.canary_runs.labels(canary, result)
         for tenant in limited_tenants:
             self.rate_limited.labels(tenant)
+        for tenant, refresh in tenants:  # (name, whether it has the refresh right)
+            for control in ("no-cache", "no-store"):
+                self.refreshes.labels(tenant, control, "allowed" if refresh else "refused")
 
     def count(self, counter: Counter, label: str) -> None:
         """Count one event on a counter with one label, from the hit path (canonical rules,

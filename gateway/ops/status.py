@@ -10,7 +10,7 @@ from collections import defaultdict
 import orjson
 from aiohttp import web
 
-from gateway.ingress.auth import authenticate
+from gateway.ingress.auth import Credentials, authenticate, authorize_operator
 from gateway.ops.canary import RUNS
 from gateway.ops.drift import EPOCHS, EVENTS, FINGERPRINTS, SEEN
 from gateway.state import SETTINGS, TENANTS
@@ -45,7 +45,8 @@ def canaries(configured: tuple, runs: dict[str, str]) -> list[dict]:
 async def status(request: web.Request) -> web.Response:
     app = request.app
     settings = app[SETTINGS]
-    authenticate(request.headers.get("Authorization"), app[TENANTS], settings.passthrough_auth)
+    if not authorize_operator(request.headers.get("Authorization"), app[TENANTS]):
+        authenticate(Credentials.of(request.headers), app[TENANTS], settings.passthrough_auth)
     ledger = app[LEDGER]
     body = {"mode": settings.mode, "drift_policy": settings.drift_policy,
             "store": {"kind": ledger.kind, "healthy": True, "error": None},

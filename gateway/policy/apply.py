@@ -1,5 +1,7 @@
-"""The policy between routing and canonicalization: pin the model, de-randomize the
-sampling parameters by the upstream's profile, and pick the strategy a miss runs.
+"""The policy between routing and canonicalization: pin the model by the upstream's
+profile, de-randomize the sampling parameters by that profile within what the model
+accepts (capabilities.py), and pick the strategy a miss runs; `text_rules` reads whether
+canonicalization applies its text rules.
 
 Pure: the same (surface, body, upstream, rules, hints) always gives the same Policy, which
 is what lets prepare.PreparedMemo remember it. The per-request headers that steer it
@@ -7,14 +9,17 @@ is what lets prepare.PreparedMemo remember it. The per-request headers that stee
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from gateway.apis.surface import Surface
 from gateway.config import UpstreamConfig
 from gateway.errors import ApiError
+from gateway.policy.canonical import TEXT_SETTINGS
 from gateway.policy.rules import MAX_VOTE, ModelRule, Rules
-from gateway.policy.profiles import Profile, RandomnessError, changed_params, derandomize, parse_mode, resolve_model, split_n
+from gateway.policy.profiles import (Profile, RandomnessError, changed_params, derandomize, parse_mode, resolve_model,
+                                     split_n, unsent)
 from gateway.strategies.schema_check import named_schema, schema_problem
 from gateway.strategies.spec import SINGLE, StrategySpec, spec_name
 
@@ -37,22 +42,32 @@ class Policy:
     spec: StrategySpec
     warnings: tuple[str, ...]  # for x-detgate-warnings
     rewrites: tuple[str, ...]  # the parameters changed, for detgate_param_rewrites_total
+    # Parameters each body carries for the key but the upstream is never sent: a seed the
+    # wire or the model does not take.
+    unsent: frozenset[str] = frozenset()
 
 
 def apply_policy(surface: Surface, body: dict, upstream: UpstreamConfig, rules: Rules, hints: Hints = NO_HINTS) -> Policy:
     """Raises ApiError (400) for a request the policy refuses, naming the parameter."""
     requested = body["model"]
-    pinned, aliased = resolve_model(requested, rules.aliases)
+    profile = rules.profiles[upstream.profile]
+    pinned, aliased = resolve_model(requested, profile.aliases)
     warnings = [f"model {requested} pinned to {pinned}"] if aliased else []
     body = {**body, "model": pinned}
     mode = _mode(hints.mode, upstream.mode)
-    profile = rules.profiles[upstream.profile]
-    rewrites = changed_params(surface.sampling, body, profile, mode)
+    capability = rules.capabilities.of(pinned, requested)
+    refused = surface.refuses(body)
+    if refused:
+        capability = dataclasses.replace(capability, accepts=capability.accepts - refused)
+    rewrites = changed_params(surface.sampling, body, profile, mode, capability)
     try:
-        body, changes = derandomize(surface.sampling, body, profile, mode)
+        body, changes = derandomize(surface.sampling, body, profile, mode, capability)
     except RandomnessError as exc:
-        raise ApiError(400, str(exc), param=exc.param, code="nondeterministic_parameter") from None
+        raise ApiError(400, str(exc), param=exc.param, code=exc.code) from None
     warnings += changes
+    if mode != "off" and surface.sampling and "seed" not in surface.sampling:
+        warnings.append(f"no seed: {surface.name} has none, so a miss is the provider's own draw, "
+                        "and the cache replays it")
     spec = _strategy(surface, body, profile, rules, hints, rules.model_rule(requested, pinned), warnings)
     bodies = [body]
     if mode != "off" and profile.n_policy == "split" and "n" in surface.sampling:
@@ -62,7 +77,8 @@ def apply_policy(surface: Surface, body: dict, upstream: UpstreamConfig, rules: 
             warnings.append(f"n={len(bodies)} answered as {len(bodies)} requests with seeds "
                             f"{first}..{first + len(bodies) - 1}, each cached on its own")
             rewrites.append("n")
-    return Policy(tuple(bodies), pinned, spec, tuple(warnings), tuple(rewrites))
+    return Policy(tuple(bodies), pinned, spec, tuple(warnings), tuple(rewrites),
+                  unsent(surface.sampling, capability, mode))
 
 
 def _mode(header: str | None, default: str) -> str:
@@ -72,6 +88,18 @@ def _mode(header: str | None, default: str) -> str:
         return parse_mode(header)
     except ValueError as exc:
         raise ApiError(400, f"x-detgate-mode: {exc}.", param="x-detgate-mode", code="invalid_header") from None
+
+
+def text_rules(header: str | None, upstream: UpstreamConfig) -> bool:
+    """Whether canonicalization applies its text rules: x-detgate-canonical, else the
+    upstream's `canonical` setting. 400 for a header that names neither setting."""
+    if header is None:
+        return upstream.canonical == "text"
+    setting = header.strip().lower()
+    if setting not in TEXT_SETTINGS:
+        raise ApiError(400, f"x-detgate-canonical must be one of {', '.join(TEXT_SETTINGS)}, not {header!r}.",
+                       param="x-detgate-canonical", code="invalid_header")
+    return setting == "text"
 
 
 def _vote(header: str) -> int:

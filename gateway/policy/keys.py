@@ -26,6 +26,8 @@ KEY_PREFIX = f"dg{KEY_SCHEMA_VERSION}:"
 _KEY_DOMAIN = b"detgate/key"
 _ENTRY_DOMAIN = b"detgate/entry"
 _TENANT_DOMAIN = b"detgate/tenant"
+_ACCOUNT_DOMAIN = b"detgate/tenant+account"
+_CHAIN_DOMAIN = b"detgate/chain"
 
 
 @dataclass(frozen=True)
@@ -63,13 +65,30 @@ def sign(secret: bytes, parts: KeyParts) -> str:
     return KEY_PREFIX + hmac.new(secret, encode(parts), hashlib.sha256).hexdigest()
 
 
-def tenant_from_api_key(api_key: str) -> str:
-    """A one-way digest of a client's API key, used as its tenant in passthrough mode.
+def chained(secret: bytes, key: str, parent: str) -> str:
+    """The key of a request that continues an earlier answer (state the upstream keeps):
+    its own key bound to the key that answer is stored under, so each turn of a chain is
+    keyed on every turn before it."""
+    _check_secret(secret)
+    message = (_field(_CHAIN_DOMAIN) + KEY_SCHEMA_VERSION.to_bytes(4, "big") + _field(key.encode())
+               + _field(parent.encode()))
+    return KEY_PREFIX + hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def tenant_from_api_key(api_key: str, account: tuple[tuple[str, str], ...] = ()) -> str:
+    """A one-way digest of an API key, and of the organization/project headers sent with it:
+    a passthrough client's tenant, and the namespace of a configured tenant given no id.
 
     Unkeyed on purpose: it must not change when the gateway's secret is rotated, and API
-    keys carry enough entropy that the digest cannot be inverted by guessing.
+    keys carry enough entropy that the digest cannot be inverted by guessing. A key sent
+    alone digests as it always has, so adding the account left existing namespaces as they were.
     """
-    message = _field(_TENANT_DOMAIN) + api_key.encode("utf-8", "surrogatepass")
+    if account:
+        message = _field(_ACCOUNT_DOMAIN) + _field(api_key.encode("utf-8", "surrogatepass"))
+        for name, value in account:
+            message += _field(name.encode()) + _field(value.encode("utf-8", "surrogatepass"))
+    else:
+        message = _field(_TENANT_DOMAIN) + api_key.encode("utf-8", "surrogatepass")
     digest = hashlib.sha256(message).hexdigest()
     return "key-" + digest[:32]
 

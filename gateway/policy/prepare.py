@@ -14,10 +14,10 @@ import orjson
 from gateway.apis.surface import Surface, View
 from gateway.config import Settings
 from gateway.errors import ApiError
-from gateway.ingress.auth import Tenants, authenticate, upstream_authorization
-from gateway.ingress.limits import cache_namespace, check_message_count
-from gateway.policy.apply import Hints, apply_policy
-from gateway.policy.canonical import CanonicalError, canonical_json
+from gateway.ingress.auth import Credentials, Tenant, Tenants, authenticate, upstream_headers
+from gateway.ingress.limits import check_message_count
+from gateway.policy.apply import Hints, apply_policy, text_rules
+from gateway.policy.canonical import CanonicalError, canonical_json, text_warning
 from gateway.policy.keys import KeyParts, sign
 from gateway.policy.routing import route as pick_upstream
 from gateway.strategies.single import Call
@@ -27,14 +27,15 @@ from gateway.strategies.single import Call
 class Asked:
     """What of a request's headers preparation reads, hashable for the memo."""
 
-    authorization: str | None = None
+    credentials: Credentials = Credentials()
     keyed: tuple[tuple[str, str], ...] = ()  # the surface's keyed headers that were sent, lower-cased names
     hints: Hints = Hints()
+    canonical: str | None = None  # x-detgate-canonical: whether text rules apply
 
 
 @dataclass(frozen=True)
 class Prepared:
-    tenant: str
+    tenant: Tenant
     model: str
     key: str
     call: Call
@@ -45,6 +46,8 @@ class Prepared:
     # n > 1 split by the profile: one (key, call) per answer, merged in order; `key` and
     # `call` above are then the joined keys and the first call.
     split: tuple[tuple[str, Call], ...] = ()
+    uncached: str | None = None  # why the request is passed through uncached (Surface.uncached)
+    parent: str | None = None  # the id of the earlier answer it continues (Surface.parent_id)
 
 
 def prepare(surface: Surface, raw: bytes, asked: Asked, settings: Settings, tenants: Tenants,
@@ -56,32 +59,36 @@ def prepare(surface: Surface, raw: bytes, asked: Asked, settings: Settings, tena
         raise ApiError(400, f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
     surface.validate(body)
     check_message_count(surface.message_count(body), settings.max_messages)
-    tenant = authenticate(asked.authorization, tenants, settings.passthrough_auth)
-    upstream, model = pick_upstream(settings.upstreams, body["model"])
+    tenant = authenticate(asked.credentials, tenants, settings.passthrough_auth)
+    upstream, model = pick_upstream(settings.upstreams, settings.rules.profiles, surface, body["model"])
     policy = apply_policy(surface, {**body, "model": model}, upstream, settings.rules, asked.hints)
+    text = text_rules(asked.canonical, upstream)
     view = surface.view(body)
-    authorization = upstream_authorization(upstream, asked.authorization, settings.passthrough_auth)
-    headers = ((("Authorization", authorization),) if authorization else ()) + asked.keyed
-    keyed = canonical_json(list(asked.keyed)) if asked.keyed else b""
+    sent_keyed = surface.keyed(asked.keyed)
+    headers = upstream_headers(upstream, asked.credentials, settings.passthrough_auth, surface.wire) + sent_keyed
+    keyed = canonical_json(list(sent_keyed)) if sent_keyed else b""
     parts, rules = [], ()
     for sent in policy.bodies:
         try:
-            canonical = surface.canonical(sent, True)
+            canonical = surface.canonical(sent, text)
             signed = canonical_json(canonical.key)
         except CanonicalError as exc:
             raise ApiError(400, f"The request has no canonical form: {exc}.", param=exc.param, code="invalid_value") from None
         rules = rules or canonical.rules
-        key = sign(secret, KeyParts(cache_namespace(tenant, settings), upstream.name, policy.model, surface.name,
+        key = sign(secret, KeyParts(tenant.namespace, upstream.name, policy.model, surface.name,
                                     policy.spec.name, signed, keyed))
         # The parts of a split are answered whole and merged, so each is fetched unstreamed.
         stream = view.stream and len(policy.bodies) == 1
         seed = sent.get("seed")
-        parts.append((key, Call(surface, upstream, surface.upstream_body(canonical.sent, stream), headers, stream,
+        upstream_body = {k: v for k, v in canonical.sent.items() if k not in policy.unsent}
+        parts.append((key, Call(surface, upstream, surface.upstream_body(upstream_body, stream), headers, stream,
                                 policy.spec, seed if type(seed) is int else 0)))
+    warnings = policy.warnings + tuple(filter(None, [text_warning(rules)]))
     if len(parts) == 1:
         key, call = parts[0]
-        return Prepared(tenant, policy.model, key, call, view, policy.warnings, rules, policy.rewrites)
-    return Prepared(tenant, policy.model, ",".join(k for k, _ in parts), parts[0][1], view, policy.warnings, rules,
+        return Prepared(tenant, policy.model, key, call, view, warnings, rules, policy.rewrites,
+                        uncached=surface.uncached(body), parent=surface.parent_id(body))
+    return Prepared(tenant, policy.model, ",".join(k for k, _ in parts), parts[0][1], view, warnings, rules,
                     policy.rewrites, tuple(parts))
 
 

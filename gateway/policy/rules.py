@@ -1,5 +1,6 @@
-"""The determinism rules from config, compiled once at startup: provider profiles, model
-aliases, per-model strategies (vote, extractor, schema, attempts) and named schemas.
+"""The determinism rules from config, compiled once at startup: provider profiles (with
+their model aliases), model capabilities, per-model strategies (vote, extractor, schema,
+attempts) and named schemas.
 
 Compiling checks everything a request would otherwise trip over later (an unknown
 profile, a regex that does not compile, a schema that is not a schema), so bad config
@@ -7,12 +8,18 @@ stops `detgate serve` instead of failing requests one by one.
 
 In TOML:
 
-    aliases = { "gpt-4o" = "gpt-4o-2024-11-20", "gpt-4" = false }   # false un-pins
+    aliases = { "gpt-4o" = "gpt-4o-2024-11-20", "gpt-4" = false }   # the openai profile's; false un-pins
     schema_attempts = 3
     schema_feedback = true
     [[profiles]]
     name = "groq"
     zero_temperature = 1e-8
+    [[profiles]]
+    name = "azure"
+    aliases = { "gpt-4o" = "my-gpt-4o-deployment" }
+    [capabilities."my-o3*"]
+    accepts = ["seed"]
+    honours_seed = false
     [strategies."gpt-4o*"]
     vote = 3
     extractor = { regex = "Answer: (.*)" }
@@ -22,6 +29,7 @@ In TOML:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Iterable, Mapping
@@ -29,8 +37,9 @@ from typing import Any, Iterable, Mapping
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.policy.canonical import canonical_json
-from gateway.policy.profiles import PROFILES, Profile, alias_table, profile_from_dict
+from gateway.policy.capabilities import Capabilities, CapabilitySpec, table
+from gateway.policy.canonical import value_json
+from gateway.policy.profiles import PROFILES, Profile, amended, profile_from_dict
 from gateway.strategies.schema_check import schema_problem
 from gateway.strategies.vote import Extractor, extractor_from_dict
 
@@ -62,7 +71,7 @@ class ModelRule:
 @dataclass(frozen=True)
 class Rules:
     profiles: Mapping[str, Profile]
-    aliases: Mapping[str, str]
+    capabilities: Capabilities
     models: tuple[ModelRule, ...]
     schemas: Mapping[str, dict]
     schema_digests: Mapping[str, str]  # named schema -> digest, for the key: config may change a schema
@@ -79,14 +88,18 @@ class Rules:
 
 
 def digest(value: Any) -> str:
-    return xxhash.xxh3_64_hexdigest(canonical_json(value))
+    return xxhash.xxh3_64_hexdigest(value_json(value))
 
 
 def compile_rules(*, profiles: Iterable[Mapping[str, Any]], aliases: Mapping[str, str | bool | None],
-                  strategies: Mapping[str, ModelStrategy], schemas: Mapping[str, dict], attempts: int,
-                  feedback: bool, upstream_profiles: Iterable[tuple[str, str]]) -> Rules:
-    """Raises ValueError naming what is wrong."""
+                  capabilities: Mapping[str, CapabilitySpec], strategies: Mapping[str, ModelStrategy],
+                  schemas: Mapping[str, dict], attempts: int, feedback: bool,
+                  upstream_profiles: Iterable[tuple[str, str]]) -> Rules:
+    """Raises ValueError naming what is wrong. Top-level `aliases` amend the openai
+    profile's table, before user profiles are built on it."""
     known = dict(PROFILES)
+    openai = known["openai"]
+    known["openai"] = dataclasses.replace(openai, aliases=amended(openai.aliases, aliases))
     for spec in profiles:
         profile = profile_from_dict(spec, known)
         if profile.name in PROFILES:
@@ -106,7 +119,5 @@ def compile_rules(*, profiles: Iterable[Mapping[str, Any]], aliases: Mapping[str
         extractor = extractor_from_dict(strategy.extractor) if strategy.extractor is not None else None
         models.append(ModelRule(glob, strategy, extractor,
                                 digest(strategy.extractor) if strategy.extractor is not None else ""))
-    # TOML has no null: `false` un-pins an alias as None does.
-    table = alias_table({name: (pinned or None) for name, pinned in aliases.items()})
-    return Rules(known, table, tuple(models), dict(schemas), {n: digest(s) for n, s in schemas.items()},
-                 attempts, feedback)
+    return Rules(known, table(capabilities.items()), tuple(models), dict(schemas),
+                 {n: digest(s) for n, s in schemas.items()}, attempts, feedback)

@@ -48,13 +48,13 @@ class SchemaExhausted(UpstreamError):
 
 async def answer(call: Call, client: UpstreamClient, seed: int, step: int) -> Answer | Rejected:
     """Raises UpstreamError when the upstream fails: a failure is passed on, not retried here.
-    On a surface without seeds every attempt sends the same request, and the upstream's
-    own variation is what a retry hopes for."""
+    Where no seed is sent (the wire or the model takes none) every attempt sends the same
+    request, and the upstream's own variation is what a retry hopes for."""
     spec, surface = call.spec, call.surface
     body = surface.upstream_body(call.body, False)
     model = str(body.get("model", ""))
     tries = spec.attempts if spec.check else 1
-    seeded = "seed" in surface.sampling
+    seeded = "seed" in body  # not where the wire or the model takes no seed: the policy left it out
     errors: list[SchemaError] = []
     sent = body
     for attempt in range(tries):

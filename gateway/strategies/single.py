@@ -24,7 +24,7 @@ class Call:
     headers: tuple[tuple[str, str], ...]  # credentials and keyed headers the upstream is sent
     stream: bool  # the client wants a stream
     spec: StrategySpec = SINGLE  # what a miss runs; anything but SINGLE runs voting.choose
-    seed: int = 0  # the seed the key carries; sent only where the surface has seeds
+    seed: int = 0  # the seed the key carries; sent only where `body` has one (the wire and the model take seeds)
 
     @property
     def route(self) -> str:

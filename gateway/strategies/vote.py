@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from gateway.policy.canonical import CanonicalError, canonical_json
+from gateway.policy.canonical import CanonicalError, value_json
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def _pointer(doc: Any, pointer: str) -> Any:
 
 def _canonical(value: Any) -> str | None:
     try:
-        return canonical_json(value).decode()
+        return value_json(value).decode()
     except CanonicalError:
         return None
 

@@ -49,6 +49,7 @@ SCRAPE_INTERVAL_S = 1
 UPSTREAM_DELAY_S = 0.15
 SECRET = "live-stack-secret"
 APP_KEY, BATCH_KEY = "live-app-key", "live-batch-key"
+OPERATOR_TOKEN = "live-operator-token"  # what Prometheus scrapes the gateway with, as deploy/ does
 BACKEND_MODEL = "tiny"
 # Small enough to load and answer in milliseconds on a CPU; real safetensors all the same.
 TINY_QWEN3 = dict(arch="qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -73,6 +74,13 @@ body = { messages = [{ role = "user", content = "Say hello." }] }
 
 [strategies."*judge*"]
 extractor = { json_pointer = "/answer" }
+""" + f"""
+[tenants.app]
+key = "{APP_KEY}"
+refresh = true  # may send no-store, counted as allowed
+
+[tenants.batch]
+key = "{BATCH_KEY}"
 """
 
 # Long enough for identical concurrent requests to overlap and be coalesced.
@@ -99,9 +107,10 @@ class Stack:
     logs: Path
 
 
-def prometheus_config(gateway: str, backend: str) -> dict:
+def prometheus_config(gateway: str, backend: str, token_file: Path) -> dict:
     """The shipped prometheus.yml, with the compose service discovery swapped for the
-    loopback servers and intervals short enough for a test."""
+    loopback servers, intervals short enough for a test, and the operator token read
+    where this stack wrote it rather than where compose mounts it."""
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     config["global"] = {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": f"{SCRAPE_INTERVAL_S}s",
                         "evaluation_interval": f"{SCRAPE_INTERVAL_S}s"}
@@ -110,6 +119,8 @@ def prometheus_config(gateway: str, backend: str) -> dict:
     for job in config["scrape_configs"]:
         del job["dns_sd_configs"]
         job["static_configs"] = [{"targets": targets[job["job_name"]]}]
+        if "authorization" in job:
+            job["authorization"]["credentials_file"] = str(token_file)
     return config
 
 
@@ -171,7 +182,7 @@ def running() -> Iterator[Stack]:
             sys.executable, "-m", "gateway", "serve", "--config", str(config), "--host", "127.0.0.1",
             "--port", str(gateway_port), *(f for name, url in urls.items() for f in ("--upstream", f"{name}={url}/v1")),
             "--upstream", f"local=http://127.0.0.1:{backend_port}/v1", "--redis-url", redis_server.url,
-            "--secret", SECRET, "--tenant", f"app={APP_KEY}", "--tenant", f"batch={BATCH_KEY}",
+            "--secret", SECRET, "--operator-token", OPERATOR_TOKEN,
             "--rate-limit", f"batch={BATCH_RATE_LIMIT}", "--upstream-concurrency", str(UPSTREAM_SLOTS),
             "--upstream-queue", str(UPSTREAM_QUEUE), "--upstream-queue-timeout-s", str(QUEUE_TIMEOUT_S),
             "--breaker-failures", str(BREAKER_FAILURES)])
@@ -181,7 +192,10 @@ def running() -> Iterator[Stack]:
         _wait_ready(f"http://127.0.0.1:{backend_port}/healthz", backend, logs / "backend.log", timeout_s=120)
 
         prom_config = tmp / "prometheus.yml"
-        prom_config.write_text(yaml.safe_dump(prometheus_config(f"127.0.0.1:{gateway_port}", f"127.0.0.1:{backend_port}")))
+        token_file = tmp / "operator_token"
+        token_file.write_text(OPERATOR_TOKEN)
+        prom_config.write_text(yaml.safe_dump(prometheus_config(f"127.0.0.1:{gateway_port}", f"127.0.0.1:{backend_port}",
+                                                                token_file)))
         prometheus = _spawn(stack, logs, "prometheus", [
             "prometheus", f"--config.file={prom_config}", f"--storage.tsdb.path={tmp / 'data'}",
             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"])

@@ -44,6 +44,7 @@ GATEWAY = {
     "detgate_circuit_open": Metric("gauge", ("upstream",)),
     "detgate_rate_limited_total": Metric("counter", ("tenant",)),
     "detgate_cache_bypass_total": Metric("counter", ("reason",)),
+    "detgate_refreshes_total": Metric("counter", ("tenant", "control", "outcome")),
     "detgate_cache_tamper_total": Metric("counter"),
 }
 
@@ -59,6 +60,7 @@ BACKEND = {
     "detgate_backend_prefix_cache_queries_total": Metric("counter"),
     "detgate_backend_prefix_cache_hits_total": Metric("counter"),
     "detgate_backend_step_duration_seconds": Metric("histogram"),
+    "detgate_backend_step_gpu_seconds_total": Metric("counter", ("phase",)),
     "detgate_backend_audit_total": Metric("counter", ("result",)),
 }
 

@@ -37,7 +37,7 @@ class Live:
     def __init__(self, stack: live_stack.Stack, start: float, seen_before, seen_after):
         self.stack, self.start, self.seen_before, self.seen_after = stack, start, seen_before, seen_after
         self.end = time.time()
-        self.gateway_metrics = _get(f"{stack.gateway}/metrics").decode()
+        self.gateway_metrics = _get(f"{stack.gateway}/metrics", live_stack.OPERATOR_TOKEN).decode()
         self.backend_metrics = _get(f"{stack.backend}/metrics").decode()
         self.backend_health = json.loads(_get(f"{stack.backend}/healthz"))
 
@@ -58,8 +58,9 @@ class Live:
         return self.api("query_range", query=expr, start=self.start, end=self.end, step=1)
 
 
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=5) as r:
+def _get(url: str, token: str | None = None) -> bytes:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
         return r.read()
 
 
@@ -148,7 +149,8 @@ SHOWS = {
     "Upstream retries and saturation / A": {"upstream": {"fake", "flaky"}, "reason": {"5xx", "429"}},
     "Upstream retries and saturation / B": {"upstream": {"fake"}, "why": {"queue_full", "queue_timeout"}},
     "Circuit breakers open / A": {"upstream": {"flaky"}},
-    "Rate-limited requests by tenant / A": {"tenant": {"batch"}},
+    "Tenants: rate limits and cache refreshes / A": {"tenant": {"batch"}},
+    "Tenants: rate limits and cache refreshes / B": {"tenant": {"app"}, "control": {"no-store"}, "outcome": {"allowed"}},
     "Sampling parameters rewritten / A": {"param": {"temperature", "seed"}},
     "Hidden variables detected / A": {"kind": {"date", "uuid"}},
     "Cache errors by operation / A": {"op": {"get", "put"}},

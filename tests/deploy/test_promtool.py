@@ -20,9 +20,15 @@ def promtool(*args: str, cwd: Path) -> str:
     return done.stdout
 
 
-def test_config_is_valid():
-    # Also loads rule_files relative to the config, so the compose layout is checked too.
-    out = promtool("check", "config", "prometheus.yml", cwd=promql.ALERTS.parent)
+def test_config_is_valid(tmp_path):
+    # Also loads rule_files relative to the config, so the compose layout is checked too;
+    # promtool also wants the operator token file compose mounts, so a copy points at one.
+    shutil.copytree(promql.ALERTS.parent, tmp_path, dirs_exist_ok=True)
+    (tmp_path / "operator_token").write_text("token")
+    shipped = (tmp_path / "prometheus.yml").read_text()
+    assert "/run/secrets/operator_token" in shipped
+    (tmp_path / "prometheus.yml").write_text(shipped.replace("/run/secrets/operator_token", str(tmp_path / "operator_token")))
+    out = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
     assert "1 rule files found" in out
 
 

@@ -12,12 +12,19 @@ import argparse
 import asyncio
 import random
 import secrets
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
+
+if __package__ in (None, ""):  # run as a script (the benchmarks): make `fakes` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fakes import openai_answers as answers, responses_upstream  # noqa: E402
 
 if TYPE_CHECKING:
     from fakes.faults import Faults
@@ -56,6 +63,17 @@ class Behaviour:
     # Answer every call with this text, as a real model does a simple prompt at temperature 0
     # (ids, timestamps and stream chunking still vary); None: random words.
     answer: str | None = None
+    announce_profile: str | None = None  # answer /v1/models as a detgate backend announcing this profile
+
+    # How answers end, on every route (issue 22 §3): another finish_reason than the route's
+    # usual one ("length", "content_filter", vLLM's "abort"), or `unfinished`: choice 0 never
+    # finishes (null in a body; a stream reaches [DONE] without its finish).
+    finish: str | None = None
+    unfinished: bool = False
+    error_200: bool = False  # a 200 whose body is an error object (a stream: an error event, then [DONE])
+    error_after: int | None = None  # a stream sends an error event after this many chunks, then [DONE]
+    empty: bool = False  # a 200 without choices (embeddings: without data); a stream of its usage chunk only
+    refuse: bool = False  # chat answers are refusals, as a model declining a structured output
 
 
 @dataclass
@@ -83,6 +101,7 @@ class FakeUpstream:
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_route("*", "/v1/echo/{tail:.*}", self._echo)
+        responses_upstream.mount(app, self)
         return app
 
     async def _begin(self, request: web.Request) -> tuple[dict, web.Response | None]:
@@ -92,6 +111,9 @@ class FakeUpstream:
         if b.delay_s:
             await asyncio.sleep(b.delay_s)
         calls.append((request.path, body))
+        refused = _refused(body)
+        if refused is not None:
+            return body, web.Response(status=400, body=orjson.dumps(refused), content_type="application/json")
         if b.fail_status is not None and (b.fail_times is None or b.fail_times > 0):
             if b.fail_times is not None:
                 b.fail_times -= 1
@@ -140,39 +162,77 @@ class FakeUpstream:
         body, failure = await self._begin(request)
         if failure:
             return failure
-        n = body.get("n") or 1
-        texts = [self._text() for _ in range(n)]
+        kind, tools = answers.kind_asked(body)
+        if self.behaviour.refuse and kind == "text":
+            kind = "refusal"
+        top = (body.get("top_logprobs") or 0) if body.get("logprobs") else None
+        usual = "tool_calls" if kind == "tools" else "stop"
+        found = [self._choice(i, usual, kind=kind, tools=tools, logprobs=top) for i in range(body.get("n") or 1)]
         head = self._head("chatcmpl", "chat.completion", body["model"])
+        usage = self._usage(" ".join(c.text for c in found))
         if not body.get("stream"):
-            choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None,
-                        "finish_reason": "stop"} for i, t in enumerate(texts)]
-            usage = self._usage(" ".join(texts))
-            return await self._whole(request, {**head, "choices": choices, "usage": usage})
+            return await self._whole(request, self._body(head, [answers.chat_message(self.rng, c) for c in found], usage))
         head["object"] = "chat.completion.chunk"
-        chunks = []
-        for i, text in enumerate(texts):
-            chunks.append({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                "logprobs": None, "finish_reason": None}]})
-            chunks += [{**head, "choices": [{"index": i, "delta": {"content": p}, "logprobs": None, "finish_reason": None}]}
-                       for p in self._pieces(text)]
-            chunks.append({**head, "choices": [{"index": i, "delta": {}, "logprobs": None, "finish_reason": "stop"}]})
-        if (body.get("stream_options") or {}).get("include_usage"):
-            chunks.append({**head, "choices": [], "usage": self._usage(" ".join(texts))})
-        return await self._stream(request, chunks)
+        parts = self._interleave([answers.chat_parts(self.rng, c, self._pieces) for c in found])
+        return await self._stream(request, self._chunks(head, parts, body, usage))
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body, failure = await self._begin(request)
         if failure:
             return failure
-        text = self._text()
+        n, top = body.get("n") or 1, body.get("logprobs")
+        found = []
+        # Choice j of prompt p is numbered p * n + j, as OpenAI and vLLM number them.
+        for p, prompt in enumerate(_prompts(body["prompt"])):
+            for j in range(n):
+                choice = self._choice(p * n + j, "length", logprobs=top)
+                if body.get("echo") and isinstance(prompt, str):
+                    choice.text = prompt + choice.text
+                found.append(choice)
         head = self._head("cmpl", "text_completion", body["model"])
+        usage = self._usage(" ".join(c.text for c in found))
         if not body.get("stream"):
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
-            return await self._whole(request, {**head, "choices": [choice], "usage": self._usage(text)})
-        chunks = [{**head, "choices": [{"index": 0, "text": p, "logprobs": None, "finish_reason": None}]}
-                  for p in self._pieces(text)]
-        chunks.append({**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]})
-        return await self._stream(request, chunks)
+            return await self._whole(request, self._body(head, [answers.completion_choice(self.rng, c) for c in found],
+                                                         usage))
+        parts = self._interleave([answers.completion_parts(self.rng, c, self._pieces) for c in found])
+        return await self._stream(request, self._chunks(head, parts, body, usage))
+
+    def _choice(self, index: int, usual: str, **kind) -> answers.Choice:
+        b = self.behaviour
+        finish = None if b.unfinished and index == 0 else (b.finish or usual)
+        audio = self.rng.randbytes(2 * self.rng.randint(20, 300)) if kind.get("kind") == "audio" else b""
+        return answers.Choice(index, self._text(), finish, audio=audio, **kind)
+
+    def _error(self) -> dict:
+        return {"error": {"message": f"fake failure {secrets.token_hex(4)}", "type": "server_error", "param": None,
+                          "code": "fake"}}
+
+    def _body(self, head: dict, choices: list[dict], usage: dict) -> dict:
+        if self.behaviour.error_200:
+            return self._error()
+        return {**head, "choices": [] if self.behaviour.empty else choices, "usage": usage}
+
+    def _interleave(self, streams: list[list[dict]]) -> list[dict]:
+        """Several choices' parts in one stream, taking turns at random, as servers send them."""
+        out, streams = [], [s for s in streams if s]
+        while streams:
+            stream = self.rng.choice(streams)
+            out.append(stream.pop(0))
+            streams = [s for s in streams if s]
+        return out
+
+    def _chunks(self, head: dict, parts: list[dict], body: dict, usage: dict) -> list[dict]:
+        """One chunk per choice part. With include_usage every chunk says `usage: null` and a
+        last one with no choices carries the usage, as OpenAI streams it."""
+        b = self.behaviour
+        if b.error_200:
+            return [self._error()]
+        chunks = [] if b.empty else [{**head, "choices": [part]} for part in parts]
+        if (body.get("stream_options") or {}).get("include_usage") is True:
+            chunks = [{**chunk, "usage": None} for chunk in chunks] + [{**head, "choices": [], "usage": usage}]
+        if b.error_after is not None:
+            return chunks[:b.error_after] + [self._error()]
+        return chunks
 
     async def _stream(self, request: web.Request, chunks: list[dict]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -212,17 +272,41 @@ class FakeUpstream:
         inputs = body["input"] if isinstance(body["input"], list) and body["input"] and not isinstance(body["input"][0], int) else [body["input"]]
         data = [{"object": "embedding", "index": i, "embedding": [self.rng.uniform(-1, 1) for _ in range(8)]}
                 for i in range(len(inputs))]
-        return await self._whole(request, {"object": "list", "data": data, "model": f"{body['model']}-fake-0001",
+        if self.behaviour.error_200:
+            return await self._whole(request, self._error())
+        return await self._whole(request, {"object": "list", "data": [] if self.behaviour.empty else data,
+                                           "model": f"{body['model']}-fake-0001",
                                            "usage": {"prompt_tokens": 3, "total_tokens": 3}})
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0,
-                                                               "owned_by": "fake"}]})
+        model = {"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}
+        if self.behaviour.announce_profile is not None:
+            model["detgate"] = {"profile": self.behaviour.announce_profile}  # as a detgate backend announces itself
+        return web.json_response({"object": "list", "data": [model]})
 
     async def _echo(self, request: web.Request) -> web.Response:
         return web.json_response({"method": request.method, "path": request.path, "query": dict(request.query),
                                   "authorization": request.headers.get("Authorization"),
                                   "body": (await request.read()).decode()})
+
+
+def _refused(body: dict) -> dict | None:
+    """OpenAI's 400 for a sampling parameter its reasoning models do not take; None when the body is fine."""
+    model = str(body.get("model", ""))
+    if not model.startswith(("o1", "o3", "o4", "gpt-5")) or model.startswith("gpt-5-chat"):
+        return None
+    for param in ("temperature", "top_p"):
+        if param in body:
+            return {"error": {"message": f"Unsupported parameter: '{param}' is not supported with this model.",
+                              "type": "invalid_request_error", "param": param, "code": "unsupported_parameter"}}
+    return None
+
+
+def _prompts(prompt) -> list:
+    """A completions prompt as its list of prompts: a string, tokens, or a list of either."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        return prompt
+    return [prompt]
 
 
 def _dumps(obj) -> str:

@@ -9,6 +9,7 @@ import urllib.request
 
 import pytest
 
+from fakes.anthropic_upstream import FakeAnthropic
 from fakes.loopback import LoopbackServer, free_port
 from fakes.openai_upstream import FakeUpstream
 from gateway.app import create_app
@@ -28,6 +29,21 @@ def upstream_server():
 def upstream(upstream_server):
     """The fake provider, reset: (fake, base URL ending in /v1)."""
     fake, server = upstream_server
+    fake.reset()
+    return fake, server.url + "/v1"
+
+
+@pytest.fixture(scope="session")
+def anthropic_server():
+    fake = FakeAnthropic()
+    with LoopbackServer(fake.app()) as server:
+        yield fake, server
+
+
+@pytest.fixture
+def claude(anthropic_server):
+    """The fake Anthropic provider, reset: (fake, base URL ending in /v1)."""
+    fake, server = anthropic_server
     fake.reset()
     return fake, server.url + "/v1"
 

@@ -22,7 +22,7 @@ def test_only_if_cached_miss_names_the_key(upstream, gateway):
 
 def test_no_store_neither_reads_nor_writes(upstream, gateway):
     fake, _ = upstream
-    gw = gateway()
+    gw = gateway(refresh_unlisted=True)  # the right to bypass (test_security_refresh.py)
     stored = post(gw.url, "/v1/chat/completions", CHAT)
     bypass = [post(gw.url, "/v1/chat/completions", CHAT, cc("no-store")) for _ in range(2)]
     assert [r.cache for r in bypass] == ["bypass", "bypass"]
@@ -34,7 +34,7 @@ def test_no_store_neither_reads_nor_writes(upstream, gateway):
 
 
 def test_no_cache_refreshes_the_entry(upstream, gateway):
-    gw = gateway()
+    gw = gateway(refresh_unlisted=True)  # the right to refresh (test_security_refresh.py)
     old = post(gw.url, "/v1/chat/completions", CHAT)
     fresh = post(gw.url, "/v1/chat/completions", CHAT, cc("no-cache"))
     assert fresh.cache == "miss" and fresh.body != old.body

@@ -89,7 +89,7 @@ def test_stream_answer_serves_a_later_non_stream(upstream, gateway):
     assert replies[0].body == replies[1].body
     body = replies[0].json()
     assert body["object"] == "chat.completion"
-    assert body["choices"][0]["message"] == {"role": "assistant", "content": text}
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": text, "refusal": None}
     assert body["choices"][0]["finish_reason"] == "stop"
     assert len(fake.calls) == 1
 
@@ -116,8 +116,9 @@ def test_equivalent_requests_share_one_entry(upstream, gateway):
     assert len(fake.calls) == 1
 
 
-def test_models_and_other_v1_paths_are_proxied_uncached(upstream, gateway):
-    gw = gateway()
+def test_models_and_allow_listed_v1_paths_are_proxied_uncached(upstream, gateway):
+    _, url = upstream
+    gw = gateway(upstreams=[{"name": "fake", "url": url, "proxy": ["GET /models", "POST /echo/{what}"]}])
     api = client(gw.url)
     assert [m.id for m in api.models.list()] == ["fake-model"]
     echoed = post(gw.url, "/v1/echo/files?purpose=x", b"payload")

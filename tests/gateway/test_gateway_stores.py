@@ -78,3 +78,34 @@ async def test_near_cache_reuses_reads_for_its_ttl_and_sees_its_own_refreshes(re
     assert await near.get("k") == b"v3"
     await other.aclose()
     await near.close()
+
+
+async def test_an_entry_with_a_ttl_ages_out(store):
+    assert await store.commit("k", b"short", "a", ttl_ms=300) is True
+    assert await store.commit("forever", b"long", "a") is True
+    value, left = await store.get_expiring("k")
+    assert value == b"short" and 0 < left <= 0.3
+    assert await store.get_expiring("forever") == (b"long", None)
+    await asyncio.sleep(0.4)
+    assert await store.get("k") is None and await store.get_expiring("k") == (None, None)
+    assert [key async for key in store.keys()] == ["forever"]
+    assert await store.commit("k", b"again", "b") is True  # first writer wins again once it aged out
+    assert await store.commit("forever", b"refreshed", "c", overwrite=True, ttl_ms=300) is True
+    await asyncio.sleep(0.4)
+    assert await store.get("forever") is None  # a refresh sets the TTL it is given
+
+
+async def test_a_near_cache_copy_never_outlives_its_entry(redis_url):
+    import redis.asyncio as aioredis
+
+    from gateway.cache.near_cache import NearCache
+    from gateway.cache.redis_store import entry_name
+    near = NearCache(RedisStore(redis_url), ttl_s=30.0, max_bytes=1 << 20)
+    other = aioredis.Redis.from_url(redis_url)
+    assert await near.commit("mine", b"v", "o", ttl_ms=300)  # written here
+    await other.set(entry_name("theirs"), b"w", px=300)  # written by another replica, then read here
+    assert await near.get("theirs") == b"w" and await near.get("mine") == b"v"
+    await asyncio.sleep(0.4)
+    assert await near.get("theirs") is None and await near.get("mine") is None
+    await other.aclose()
+    await near.close()

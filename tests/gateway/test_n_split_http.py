@@ -60,3 +60,49 @@ def test_off_mode_leaves_n_to_the_upstream(upstream, gateway):
     reply = post(gw.url, "/v1/chat/completions", {**CHAT, "n": 2}, {"x-detgate-mode": "off"})
     assert reply.status == 200 and len(reply.json()["choices"]) == 2
     assert len(fake.calls) == 1 and fake.calls[0][1]["n"] == 2
+
+
+PROMPTS = ["Alpha:", "Beta:"]
+
+
+def _prompt_of(text: str) -> str:
+    return next(p for p in PROMPTS if text.startswith(p))  # echo: true puts the prompt first
+
+
+def test_n_over_several_prompts_is_numbered_prompt_index_times_n_plus_j(upstream, gateway):
+    fake, _ = upstream
+    api = client(gateway().url)
+    ask = dict(model="fake/m1", prompt=PROMPTS, n=2, echo=True, seed=11)
+    first = api.completions.with_raw_response.create(**ask)
+    completion = first.parse()
+    assert [c.index for c in completion.choices] == [0, 1, 2, 3]
+    assert [_prompt_of(c.text) for c in completion.choices] == ["Alpha:", "Alpha:", "Beta:", "Beta:"]
+    assert sorted(body["seed"] for _, body in fake.calls) == [11, 12] and not any("n" in b for _, b in fake.calls)
+    again = api.completions.with_raw_response.create(**ask)
+    assert again.headers["x-detgate-cache"] == "hit" and again.http_response.content == first.http_response.content
+
+
+def test_a_streamed_split_over_several_prompts_keeps_the_numbering(upstream, gateway):
+    gw = gateway()
+    reply = post(gw.url, "/v1/completions", {"model": "fake/m1", "prompt": PROMPTS, "n": 2, "echo": True,
+                                             "stream": True})
+    texts: dict[int, str] = {}
+    for payload in sse_payloads(reply.body)[:-1]:
+        for choice in orjson.loads(payload)["choices"]:
+            texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+    assert reply.status == 200 and [_prompt_of(texts[i]) for i in range(4)] == ["Alpha:", "Alpha:", "Beta:", "Beta:"]
+
+
+def test_an_upstream_answering_n_itself_is_stored_with_its_numbering(upstream, gateway):
+    """Mode off: n goes to the upstream, whose interleaved stream is assembled by index."""
+    fake, _ = upstream
+    gw = gateway()
+    body = {"model": "fake/m1", "prompt": PROMPTS, "n": 2, "echo": True}
+    off = {"x-detgate-mode": "off"}
+    streamed = post(gw.url, "/v1/completions", {**body, "stream": True}, off)
+    assert streamed.status == 200 and streamed.cache == "miss" and fake.calls[0][1]["n"] == 2
+    whole = post(gw.url, "/v1/completions", body, off)
+    assert whole.cache == "hit"
+    choices = whole.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    assert [_prompt_of(c["text"]) for c in choices] == ["Alpha:", "Alpha:", "Beta:", "Beta:"]

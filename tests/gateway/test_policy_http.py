@@ -14,8 +14,8 @@ def fake_upstream(url: str, **fields) -> list[dict]:
 
 
 def test_an_alias_is_pinned_before_keying_and_sent_pinned(upstream, gateway):
-    fake, _ = upstream
-    gw = gateway()
+    fake, url = upstream
+    gw = gateway(upstreams=fake_upstream(url, profile="openai"))
     first = client(gw.url).chat.completions.with_raw_response.create(model="fake/gpt-4o", messages=MESSAGES)
     assert fake.calls[0][1]["model"] == "gpt-4o-2024-08-06"
     assert "model gpt-4o pinned to gpt-4o-2024-08-06" in first.headers["x-detgate-warnings"]
@@ -23,12 +23,23 @@ def test_an_alias_is_pinned_before_keying_and_sent_pinned(upstream, gateway):
     assert pinned.headers["x-detgate-cache"] == "hit" and pinned.headers["x-detgate-key"] == first.headers["x-detgate-key"]
 
 
-def test_config_overrides_and_unpins_aliases(upstream, gateway):
-    fake, _ = upstream
-    gw = gateway(aliases={"gpt-4o": "gpt-4o-2024-11-20", "gpt-4": False})
-    client(gw.url).chat.completions.create(model="fake/gpt-4o", messages=MESSAGES)
-    client(gw.url).chat.completions.create(model="fake/gpt-4", messages=MESSAGES)
-    assert [body["model"] for _, body in fake.calls] == ["gpt-4o-2024-11-20", "gpt-4"]
+def test_an_upstream_that_is_not_openai_is_sent_the_name_the_client_used(upstream, gateway):
+    fake, url = upstream
+    gw = gateway(upstreams=[*fake_upstream(url), {"name": "azure", "url": url, "profile": "azure"}],
+                 profiles=[{"name": "azure", "aliases": {"gpt-4o": "prod-gpt-4o"}}])
+    raw = client(gw.url).chat.completions.with_raw_response.create(model="fake/gpt-4o", messages=MESSAGES)
+    assert fake.calls[0][1]["model"] == "gpt-4o" and "pinned" not in raw.headers.get("x-detgate-warnings", "")
+    client(gw.url).chat.completions.create(model="azure/gpt-4o", messages=MESSAGES)
+    assert fake.calls[1][1]["model"] == "prod-gpt-4o"
+
+
+def test_config_overrides_and_unpins_the_openai_profiles_aliases(upstream, gateway):
+    fake, url = upstream
+    gw = gateway(upstreams=[*fake_upstream(url, profile="openai"), {"name": "vllm", "url": url}],
+                 aliases={"gpt-4o": "gpt-4o-2024-11-20", "gpt-4": False})
+    for model in ("fake/gpt-4o", "fake/gpt-4", "vllm/gpt-4o"):
+        client(gw.url).chat.completions.create(model=model, messages=MESSAGES)
+    assert [body["model"] for _, body in fake.calls] == ["gpt-4o-2024-11-20", "gpt-4", "gpt-4o"]
 
 
 def test_enforce_sends_and_keys_the_derandomized_request_and_says_what_changed(upstream, gateway):

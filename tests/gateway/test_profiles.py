@@ -7,21 +7,24 @@ from hypothesis import strategies as st
 from gateway.apis import SURFACES
 from gateway.policy.canonical import canonical_json
 from gateway.apis.choices import merge_n
+from gateway.policy.capabilities import ANY, Capability, CapabilitySpec, table
 from gateway.policy.profiles import (
-    DEFAULT_ALIASES,
     MODES,
+    OPENAI_ALIASES,
     PROFILES,
     Profile,
     RandomnessError,
-    alias_table,
+    amended,
     derandomize,
     parse_mode,
     profile_from_dict,
     resolve_model,
     split_n,
+    unsent,
 )
 
 OPENAI, GENERIC, WHITEBOX = PROFILES["openai"], PROFILES["generic-openai-compatible"], PROFILES["whitebox"]
+BUILT_IN_TABLE = table()
 
 
 def chat(**params):
@@ -55,7 +58,7 @@ def test_null_counts_as_absent():
 def test_positive_temperature_is_kept_but_warned_about_on_black_box_providers():
     body, warnings = derandomize(SURFACES["chat.completions"].sampling, chat(temperature=0.7, seed=3), OPENAI, "enforce")
     assert body["temperature"] == 0.7
-    assert warnings == ["temperature 0.7 samples; openai honours a seed on a best-effort basis only"]
+    assert warnings == ["temperature 0.7 samples; m honours a seed on a best-effort basis only"]
 
 
 def test_a_profile_that_cannot_take_zero_sends_a_tiny_positive_value():
@@ -183,6 +186,7 @@ def test_enforce_is_idempotent_and_pure(params, profile):
 def test_user_defined_profile_from_config():
     p = profile_from_dict({"name": "local-vllm", "base": "whitebox", "seed": 42})
     assert p == Profile("local-vllm", default_temperature=None, fix_sampling=False, seed=42, votes=False)
+    assert profile_from_dict({"name": "y", "base": "openai"}).aliases == OPENAI_ALIASES
     assert profile_from_dict({"name": "x"}) == Profile("x")
 
 
@@ -202,17 +206,120 @@ def test_bad_profile_specs_are_named(spec, complaint):
         profile_from_dict(spec)
 
 
-def test_aliases_pin_public_names_and_config_overrides_them():
-    assert resolve_model("gpt-4o") == ("gpt-4o-2024-08-06", True)
-    assert resolve_model("gpt-4o-2024-08-06") == ("gpt-4o-2024-08-06", False)
-    assert resolve_model("my-finetune") == ("my-finetune", False)
-    table = alias_table({"gpt-4o": "gpt-4o-2024-11-20", "gpt-4o-mini": None, "fast": "gpt-4.1-nano-2025-04-14"})
+def test_aliases_belong_to_the_openai_profile_and_config_amends_them():
+    aliases = OPENAI.aliases
+    assert resolve_model("gpt-4o", aliases) == ("gpt-4o-2024-08-06", True)
+    assert resolve_model("gpt-4o-2024-08-06", aliases) == ("gpt-4o-2024-08-06", False)
+    assert resolve_model("my-finetune", aliases) == ("my-finetune", False)
+    # An Azure, OpenRouter or vLLM upstream serves its own names: nothing is pinned for it.
+    assert GENERIC.aliases == {} and WHITEBOX.aliases == {}
+    table = amended(aliases, {"gpt-4o": "gpt-4o-2024-11-20", "gpt-4o-mini": False, "gpt-4": None,
+                              "fast": "gpt-4.1-nano-2025-04-14"})
     assert resolve_model("gpt-4o", table) == ("gpt-4o-2024-11-20", True)
     assert resolve_model("gpt-4o-mini", table) == ("gpt-4o-mini", False)
+    assert resolve_model("gpt-4", table) == ("gpt-4", False)
     assert resolve_model("fast", table) == ("gpt-4.1-nano-2025-04-14", True)
-    assert alias_table() == DEFAULT_ALIASES and alias_table() is not DEFAULT_ALIASES
+    assert OPENAI.aliases == OPENAI_ALIASES  # amended is a copy
 
 
-def test_default_aliases_point_at_dated_snapshots_never_at_other_aliases():
-    assert not set(DEFAULT_ALIASES.values()) & set(DEFAULT_ALIASES)
-    assert all(pinned.startswith(name + "-") for name, pinned in DEFAULT_ALIASES.items())
+def test_a_user_profile_amends_its_bases_aliases():
+    azure = profile_from_dict({"name": "azure", "aliases": {"gpt-4o": "prod-4o"}})
+    assert azure.aliases == {"gpt-4o": "prod-4o"}
+    mirror = profile_from_dict({"name": "mirror", "base": "openai", "aliases": {"gpt-4": False}})
+    assert "gpt-4" not in mirror.aliases and mirror.aliases["gpt-4o"] == OPENAI_ALIASES["gpt-4o"]
+    for bad in ({"gpt-4o": 5}, ["gpt-4o"], {"gpt-4o": ""}):
+        with pytest.raises(ValueError, match="aliases"):
+            profile_from_dict({"name": "x", "aliases": bad})
+
+
+def test_openai_aliases_point_at_dated_snapshots_never_at_other_aliases():
+    assert not set(OPENAI_ALIASES.values()) & set(OPENAI_ALIASES)
+    assert all(pinned.startswith(name + "-") for name, pinned in OPENAI_ALIASES.items())
+
+
+# ---------------------------------------------------------------- capabilities
+
+CHAT_SAMPLING = SURFACES["chat.completions"].sampling
+REASONING = BUILT_IN_TABLE.of("o3-2025-04-16")
+
+
+@pytest.mark.parametrize("model", ["o1-2024-12-17", "o1-mini", "o3", "o3-mini-2025-01-31", "o4-mini-2025-04-16",
+                                   "gpt-5-2025-08-07", "gpt-5-mini", "gpt-5.1", "gpt-5-nano-2025-08-07"])
+def test_openai_reasoning_models_take_no_temperature_or_top_p(model):
+    capability = BUILT_IN_TABLE.of(model)
+    assert capability.accepts == {"seed"} and not capability.honours_seed
+
+
+@pytest.mark.parametrize("model", ["gpt-5-chat-latest", "gpt-4o-2024-08-06", "gpt-4.1", "llama-3-8b"])
+def test_other_models_take_temperature_and_top_p(model):
+    assert {"temperature", "top_p", "seed"} <= BUILT_IN_TABLE.of(model).accepts
+
+
+def test_config_rows_come_before_the_built_in_ones():
+    configured = table([("o3*", CapabilitySpec(accepts=("temperature", "seed"))),
+                        ("my-deployment", CapabilitySpec(accepts=(), honours_seed=True))])
+    assert configured.of("o3-2025-04-16").accepts == {"temperature", "seed"}
+    assert configured.of("o4-mini").accepts == {"seed"}
+    nothing = configured.of("my-deployment")
+    assert nothing.accepts == frozenset() and not nothing.honours_seed  # no seed, nothing to honour
+    assert configured.of("unlisted") == ANY
+    with pytest.raises(ValueError):
+        CapabilitySpec(accepts=("temperature", "min_p"))
+
+
+def test_enforce_never_sends_what_a_reasoning_model_refuses_and_says_so():
+    body, warnings = derandomize(CHAT_SAMPLING, chat(model="o3", temperature=0.2, top_p=0.5), OPENAI, "enforce",
+                                 REASONING)
+    assert body == chat(model="o3", seed=0)
+    assert warnings == ["temperature removed: o3 does not accept it", "top_p removed: o3 does not accept it",
+                        "seed set to 0 (was absent)"]
+    # Nothing is added that the model refuses either: no default temperature, no explicit top_p.
+    assert derandomize(CHAT_SAMPLING, chat(model="o3", seed=4), OPENAI, "enforce", REASONING) == \
+        (chat(model="o3", seed=4), [])
+
+
+@pytest.mark.parametrize("request_, param", [
+    (chat(model="o3", temperature=0, seed=1), "temperature"),
+    (chat(model="o3", top_p=1, seed=1), "top_p"),
+    (chat(model="o3", top_k=1, seed=1), "top_k"),
+])
+def test_reject_names_the_parameter_the_model_refuses(request_, param):
+    with pytest.raises(RandomnessError) as err:
+        derandomize(CHAT_SAMPLING, request_, OPENAI, "reject", REASONING)
+    error = err.value.error()["error"]
+    assert (error["param"], error["code"]) == (param, "unsupported_parameter")
+    assert "o3 does not accept it" in error["message"]
+
+
+def test_a_seed_the_model_refuses_is_keyed_never_sent():
+    no_seed = Capability(frozenset({"temperature", "top_p", "top_k"}), honours_seed=False)
+    body, warnings = derandomize(CHAT_SAMPLING, chat(temperature=0), OPENAI, "enforce", no_seed)
+    assert body["seed"] == 0 and warnings == []  # chosen for the key; what is sent did not change
+    assert unsent(CHAT_SAMPLING, no_seed, "enforce") == unsent(CHAT_SAMPLING, no_seed, "reject") == {"seed"}
+    assert unsent(CHAT_SAMPLING, ANY, "enforce") == frozenset()
+    assert unsent(CHAT_SAMPLING, no_seed, "off") == frozenset()  # off sends the body as it came
+    body, warnings = derandomize(CHAT_SAMPLING, chat(temperature=0, seed=7), OPENAI, "enforce", no_seed)
+    assert body["seed"] == 7 and warnings == ["seed 7 kept in the key, not sent: m does not accept it"]
+    with pytest.raises(RandomnessError) as err:
+        derandomize(CHAT_SAMPLING, chat(temperature=0, seed=7), OPENAI, "reject", no_seed)
+    assert (err.value.param, err.value.code) == ("seed", "unsupported_parameter")
+    # In reject mode nothing is asked of the client that the model would refuse.
+    assert derandomize(CHAT_SAMPLING, chat(temperature=0), OPENAI, "reject", no_seed) == (chat(temperature=0), [])
+
+
+def test_a_wire_without_seeds_keys_the_seed_it_does_not_send():
+    wire = frozenset({"temperature", "top_p"})  # the Responses API's
+    body, warnings = derandomize(wire, chat(), OPENAI, "enforce")
+    assert (body["temperature"], body["top_p"], body["seed"]) == (0, 1, 0) and warnings == [
+        "temperature set to 0 (was absent)"]
+    assert unsent(wire, ANY, "enforce") == {"seed", "top_k"}
+    plan = split_n({**body, "n": 3})
+    assert [p["seed"] for p in plan] == [0, 1, 2]  # parts stay apart in the key
+
+
+def test_the_best_effort_note_says_whether_the_model_honours_seeds():
+    _, honoured = derandomize(CHAT_SAMPLING, chat(temperature=0.7, seed=1), OPENAI, "enforce")
+    ignored = Capability(frozenset({"temperature", "top_p", "seed"}), honours_seed=False)
+    _, not_honoured = derandomize(CHAT_SAMPLING, chat(temperature=0.7, seed=1), OPENAI, "enforce", ignored)
+    assert honoured == ["temperature 0.7 samples; m honours a seed on a best-effort basis only"]
+    assert not_honoured == ["temperature 0.7 samples; m does not honour a seed: each call may answer differently"]

@@ -23,7 +23,8 @@ def cluster_url(cluster):
 
 @pytest.mark.parametrize("promise", [contract.test_first_writer_wins_and_commit_releases_the_lock,
                                      contract.test_commit_leaves_another_owners_lock_alone,
-                                     contract.test_lock_is_exclusive_owned_and_leased])
+                                     contract.test_lock_is_exclusive_owned_and_leased,
+                                     contract.test_an_entry_with_a_ttl_ages_out])
 async def test_the_cluster_store_keeps_the_store_contract(cluster_url, promise):
     store = RedisStore(cluster_url)
     try:

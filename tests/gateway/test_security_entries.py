@@ -8,7 +8,7 @@ import hmac
 import pytest
 import redis
 
-from gateway.ingress.auth import Tenants
+from gateway.ingress.auth import Tenant, Tenants
 from gateway.cache.redis_store import entry_name
 from gw_http import CHAT, post, samples, value
 
@@ -64,7 +64,7 @@ def test_a_value_edited_in_place_is_counted_as_tampering(upstream, gateway, redi
 
 
 def test_gateway_keys_are_compared_in_constant_time_against_every_key(monkeypatch):
-    tenants = Tenants(tuple((f"key-{i}".encode(), f"t{i}") for i in range(5)))
+    tenants = Tenants(tuple((f"key-{i}".encode(), Tenant(f"t{i}", f"t{i}")) for i in range(5)))
     compared = []
     real = hmac.compare_digest
 
@@ -73,6 +73,6 @@ def test_gateway_keys_are_compared_in_constant_time_against_every_key(monkeypatc
         return real(a, b)
 
     monkeypatch.setattr("gateway.ingress.auth.hmac.compare_digest", spy)
-    assert tenants.lookup(b"key-0") == "t0"
+    assert tenants.lookup(b"key-0").name == "t0"
     assert tenants.lookup(b"key-9") is None
     assert len(compared) == 10  # no early exit on a match: timing says nothing about which key

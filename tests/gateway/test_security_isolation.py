@@ -28,7 +28,8 @@ def test_only_tenants_configured_to_share_read_each_others_entries(upstream, gat
 
 @pytest.mark.parametrize("settings, complaint", [
     ({"tenants": {"acme": "k1"}, "shared_cache_tenants": ["acme", "ghost"]}, "ghost"),
-    ({"tenants": {"acme": "k1", "shared": "k2", "b": "k3"}, "shared_cache_tenants": ["acme", "b"]}, "shared"),
+    ({"tenants": {"acme": "k1", "s": {"key": "k2", "id": "shared"}, "b": "k3"}, "shared_cache_tenants": ["acme", "b"]},
+     "'s' with id 'shared'"),
 ])
 def test_sharing_settings_that_would_leak_are_refused(settings, complaint):
     with pytest.raises(ValidationError, match=complaint):

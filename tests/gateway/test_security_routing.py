@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from fakes.loopback import LoopbackServer
-from gw_http import CHAT, post
+from gw_http import CHAT, get, post
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_headers_cannot_redirect_the_upstream_call(upstream, gateway, evil):
     tricks = {"Host": host, "X-Forwarded-Host": host, "X-Forwarded-Proto": "http", "Forwarded": f"host={host}",
               "X-Original-URL": server.url, "X-Rewrite-URL": server.url, "x-detgate-upstream": server.url}
     assert post(gw.url, "/v1/chat/completions", CHAT, headers=tricks).status == 200
-    assert post(gw.url, "/v1/models", b"", headers=tricks).status in (200, 405)
+    assert get(gw.url, "/v1/models", headers=tricks).status == 200
     assert hits == [] and len(fake.calls) == 1
 
 
@@ -72,14 +72,14 @@ def raw_request(base: str, first_line: str) -> bytes:
 
 
 def test_absolute_targets_and_dot_segments_stay_on_the_gateway(upstream, gateway, evil):
-    fake, _ = upstream
+    fake, url = upstream
     server, hits = evil
-    gw = gateway()
+    gw = gateway(upstreams=[{"name": "fake", "url": url, "proxy": ["POST /echo/{what}"]}])
     for line in (f"POST {server.url}/v1/echo/x HTTP/1.1", "POST /v1/../../../v1/echo/x HTTP/1.1",
                  "POST /v1/%2e%2e/%2e%2e/echo/x HTTP/1.1", f"POST /v1/echo/{server.url} HTTP/1.1"):
         answer = raw_request(gw.url, line)
         status = int(answer.split(b" ", 2)[1])
-        assert status < 500, answer
+        assert status == 404, answer
     assert hits == []
     # What the proxy route did pass on went to the configured upstream's echo route.
     assert all(path.startswith("/v1/") for path, _ in fake.calls)

@@ -14,7 +14,9 @@ CANARY = "sk-canary-5f0c1e7a9d2b4c6e8f01"
 def test_the_upstream_key_appears_nowhere_but_upstream(upstream, redis_url, gateway_process, tmp_path):
     fake, url = upstream
     config = tmp_path / "detgate.toml"
-    config.write_text(f'[[upstreams]]\nname = "fake"\nurl = "{url}"\napi_key_env = "FAKE_KEY"\n')
+    # The echo route, allow-listed, shows what the upstream received: the operator meant it to.
+    config.write_text(f'[[upstreams]]\nname = "fake"\nurl = "{url}"\napi_key_env = "FAKE_KEY"\n'
+                      'proxy = ["POST /echo/{what}"]\n')
     gw = gateway_process(["--config", str(config), "--redis-url", redis_url, "--secret", SECRET, "--log-level", "DEBUG",
                           "--upstream-max-attempts", "2", "--upstream-idle-timeout-s", "0.5", "--breaker-failures", "0"], env={"FAKE_KEY": CANARY})
     replies = [post(gw.url, "/v1/chat/completions", CHAT), post(gw.url, "/v1/chat/completions", CHAT),

@@ -1,0 +1,378 @@
+"""OpenAI Responses (`POST /v1/responses`): items in, a response object out.
+
+The key holds what the model reads and how it samples: `input` (a string, or items:
+messages, function calls and their outputs, reasoning items), `instructions`, `tools`,
+`text.format`, `reasoning`, `temperature` / `top_p`, `max_output_tokens`, `truncation`,
+`include`, `previous_response_id`. `metadata`, `store`, `user` and the other fields that
+cannot change the answer are forwarded, not keyed. The wire has no `seed`, so none is
+keyed or sent; a vote's voters differ by the upstream's own sampling.
+
+Text rules apply to message text (string content, `input_text` / `output_text` /
+`refusal` parts), function-call outputs, `instructions`, and tool and format
+descriptions. Kept as sent: function-call arguments, reasoning items (their
+`encrypted_content` is opaque), built-in tools, JSON schemas (key order is meaning).
+Shapes unified: a content list of one plain `input_text` part is its text, and an
+`input` of one user message holding only text is that text, as the API defines both.
+
+State the upstream keeps: `previous_response_id` continues an answer, which the core
+resolves through the ids it served (`parent_id` / `answer_id`). `conversation` changes
+with every turn and `background` answers later, so both pass through uncached, as does a
+`prompt` template without a pinned `version` (its latest version can change).
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Iterator, Literal
+
+import orjson
+from pydantic import Field, StrictBool, StrictInt, StrictStr, TypeAdapter, model_validator
+
+from gateway.apis import response_events as events
+from gateway.apis.surface import Recorder, Surface, View
+from gateway.apis.validation import Number, Open, check
+from gateway.cache.entry import Entry
+from gateway.errors import ApiError, UpstreamError
+from gateway.policy import canonical as c
+from gateway.policy.canonical import Fields
+from gateway.strategies.schema_check import JSON_OBJECT, SchemaError, check_calls, check_content, listing
+
+
+class Part(Open):
+    type: StrictStr
+
+
+class Item(Open):
+    type: StrictStr | None = None
+    role: Literal["user", "assistant", "system", "developer"] | None = None
+    content: StrictStr | list[Part] | None = None
+
+    @model_validator(mode="after")
+    def _kind(self) -> Item:
+        if self.type is None and self.role is None:
+            raise ValueError("an input item needs a type or a role")
+        return self
+
+
+class Tool(Open):
+    type: StrictStr
+    name: Annotated[StrictStr, Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> Tool:
+        if self.type == "function" and self.name is None:
+            raise ValueError("a function tool needs a name")
+        return self
+
+
+class Format(Open):
+    type: StrictStr
+
+
+class TextConfig(Open):
+    format: Format | None = None
+
+
+class Named(Open):
+    id: Annotated[StrictStr, Field(min_length=1)]
+
+
+class ResponsesRequest(Open):
+    model: Annotated[StrictStr, Field(min_length=1)]
+    # The list first: its errors name the item at fault, where the string's could only say "input".
+    input: list[Item] | StrictStr | None = None
+    instructions: StrictStr | None = None
+    stream: StrictBool | None = None
+    background: StrictBool | None = None
+    store: StrictBool | None = None
+    temperature: Annotated[Number, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[Number, Field(ge=0, le=1)] | None = None
+    max_output_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    previous_response_id: Annotated[StrictStr, Field(min_length=1)] | None = None
+    conversation: Annotated[StrictStr, Field(min_length=1)] | Named | None = None
+    prompt: Named | None = None
+    tools: list[Tool] | None = None
+    text: TextConfig | None = None
+    include: list[StrictStr] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    metadata: dict[StrictStr, StrictStr] | None = None
+
+
+_REQUEST = TypeAdapter(ResponsesRequest)
+
+_TEXT_PART = Fields({"type": c.plain, "text": c.text_field})
+# The content parts an input message may hold; a part of another type is kept as sent.
+_PART = c.by_type({
+    "input_text": _TEXT_PART,
+    "output_text": Fields({"type": c.plain, "text": c.text_field, "annotations": c.plain, "logprobs": c.plain}),
+    "refusal": Fields({"type": c.plain, "refusal": c.text_field}),
+    "input_image": Fields({"type": c.plain, "image_url": c.plain, "file_id": c.plain, "detail": c.plain},
+                          nullable=frozenset({"image_url", "file_id", "detail"}), defaults={"detail": "auto"}),
+    "input_file": Fields({"type": c.plain, "file_id": c.plain, "file_data": c.plain, "file_url": c.plain,
+                          "filename": c.plain}, nullable=frozenset({"file_id", "file_data", "file_url", "filename"})),
+})
+
+
+def _content(value: Any, trace: c.Trace) -> Any:
+    """A message's content, or a function call's output: a string, or a list of parts."""
+    if not isinstance(value, list):
+        return c.text_field(value, trace)
+    if len(value) == 1 and isinstance(value[0], dict) and value[0].keys() == {"type", "text"} \
+            and value[0]["type"] == "input_text" and isinstance(value[0]["text"], str):
+        trace.append("content_shape")
+        return c.text(value[0]["text"], trace)
+    return [_PART(part, trace) for part in value]
+
+
+# The input items the gateway reads; reasoning items (their encrypted_content is opaque),
+# item references and tool calls of other types are kept exactly as sent.
+_ITEMS: dict[str, Fields] = {
+    "message": Fields({"type": c.plain, "role": c.plain, "content": _content, "id": c.plain, "status": c.plain,
+                       "phase": c.plain}),
+    "function_call": Fields({"type": c.plain, "call_id": c.plain, "name": c.plain, "arguments": c.plain,
+                             "id": c.plain, "status": c.plain}),
+    "function_call_output": Fields({"type": c.plain, "call_id": c.plain, "output": _content, "id": c.plain,
+                                    "status": c.plain}),
+}
+
+
+def _item(value: Any, trace: c.Trace) -> Any:
+    # A message may leave its type out: {"role": "user", "content": "..."}.
+    kind = value.get("type", "message" if "role" in value else None) if isinstance(value, dict) else None
+    fields = _ITEMS.get(kind) if isinstance(kind, str) else None
+    return c.known(value, fields, trace) if fields is not None else c.verbatim(value)
+
+
+def _is_user_text(item: Any) -> bool:
+    return (isinstance(item, dict) and item.keys() <= {"type", "role", "content"} and item.get("role") == "user"
+            and item.get("type", "message") == "message" and isinstance(item.get("content"), str))
+
+
+def _input(value: Any, trace: c.Trace) -> Any:
+    """A string, or a list of items; one user message of text alone is that text."""
+    if not isinstance(value, list):
+        return c.text_field(value, trace)
+    items = [_item(item, trace) for item in value]
+    if len(items) == 1 and _is_user_text(items[0]):
+        trace.append("input_shape")
+        return items[0]["content"]
+    return items
+
+
+# A function tool is flat here ({"type": "function", "name", "parameters", ...}); built-in tools are kept as sent.
+_FUNCTION_TOOL = Fields({"type": c.plain, "name": c.plain, "description": c.text_field, "parameters": c.verbatim,
+                         "strict": c.plain}, nullable=frozenset({"description", "parameters", "strict"}))
+_FORMAT = c.by_type({
+    "text": Fields({"type": c.plain}), "json_object": Fields({"type": c.plain}),
+    "json_schema": Fields({"type": c.plain, "name": c.plain, "description": c.text_field, "schema": c.verbatim,
+                           "strict": c.plain}, nullable=frozenset({"description", "strict"})),
+})
+_TEXT = Fields({"format": _FORMAT, "verbosity": c.plain}, nullable=frozenset({"format", "verbosity"}),
+               defaults={"format": {"type": "text"}})
+
+# The request body as the gateway knows it (see canonical.py); a member not listed is kept
+# exactly as sent. Null means absent for every optional member listed.
+_FIELDS = Fields(
+    {"model": c.plain, "input": _input, "instructions": c.text_field, "temperature": c.number, "top_p": c.number,
+     "max_output_tokens": c.plain, "max_tool_calls": c.plain, "parallel_tool_calls": c.plain,
+     "previous_response_id": c.plain, "conversation": c.plain, "background": c.plain, "prompt": c.plain,
+     "reasoning": c.plain, "text": c.of(_TEXT), "tool_choice": c.plain,
+     "tools": c.each(c.by_type({"function": _FUNCTION_TOOL})), "top_logprobs": c.plain, "truncation": c.plain,
+     "include": c.plain},
+    nullable=frozenset({
+        "input", "instructions", "temperature", "top_p", "max_output_tokens", "max_tool_calls", "parallel_tool_calls",
+        "previous_response_id", "conversation", "background", "prompt", "reasoning", "text", "tool_choice", "tools",
+        "top_logprobs", "truncation", "include",
+    }),
+    # Documented defaults, the same on every server that speaks Responses.
+    defaults={"background": False, "truncation": "disabled", "text": {}, "include": []},
+)
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _output_text(response: dict) -> str:
+    return "".join(part["text"] for item in _list(response.get("output")) if _dict(item).get("type") == "message"
+                   for part in map(_dict, _list(item.get("content")))
+                   if part.get("type") == "output_text" and isinstance(part.get("text"), str))
+
+
+def _calls(response: dict) -> list[tuple[int, dict]]:
+    return [(i, item) for i, item in enumerate(map(_dict, _list(response.get("output"))))
+            if item.get("type") == "function_call"]
+
+
+class Responses(Surface):
+    name = "responses"
+    path = "/responses"
+    sampling = frozenset({"temperature", "top_p"})
+    checks_schemas = True
+
+    def validate(self, body: Any) -> None:
+        check(_REQUEST, body)
+        if body.get("previous_response_id") is not None and body.get("conversation") is not None:
+            raise ApiError(400, "previous_response_id and conversation cannot both be set: each names the "
+                                "conversation so far.", param="conversation", code="invalid_value")
+
+    def canonical(self, body: dict, text: bool) -> c.Canonical:
+        return c.canonicalize(body, _FIELDS, text)
+
+    def view(self, body: dict) -> View:
+        return View(stream=body.get("stream") is True)
+
+    def upstream_body(self, sent: dict, stream: bool) -> dict:
+        out = {k: v for k, v in sent.items() if k not in ("stream", "stream_options")}
+        if stream:
+            out["stream"] = True
+            if "stream_options" in sent:
+                out["stream_options"] = sent["stream_options"]
+        return out
+
+    def uncached(self, body: dict) -> str | None:
+        if body.get("background") is True:
+            return "background: true is answered later, by polling"
+        if body.get("conversation") is not None:
+            return "a conversation changes with every turn the upstream adds to it"
+        prompt = body.get("prompt")
+        if isinstance(prompt, dict) and prompt.get("version") is None:
+            return "a prompt template without a version follows its latest one, which can change (pin a version)"
+        return None
+
+    def parent_id(self, body: dict) -> str | None:
+        parent = body.get("previous_response_id")
+        return parent if isinstance(parent, str) else None
+
+    def message_count(self, body: dict) -> int:
+        value = body.get("input")
+        return len(value) if isinstance(value, list) else int(isinstance(value, str))
+
+    def texts(self, body: dict) -> Iterator[tuple[str, str]]:
+        for name in ("instructions", "input"):
+            if isinstance(body.get(name), str):
+                yield name, body[name]
+        for i, item in enumerate(_list(body.get("input"))):
+            content = _dict(item).get("content")
+            if isinstance(content, str):
+                yield f"input[{i}].content", content
+            for j, part in enumerate(map(_dict, _list(content))):
+                if isinstance(part.get("text"), str):
+                    yield f"input[{i}].content[{j}].text", part["text"]
+
+    # ---- the answer
+
+    def from_body(self, upstream: str, payload: bytes) -> Entry:
+        response = events.check(upstream, orjson.loads(payload), payload)
+        stream, end = events.synthesized(response)
+        return Entry(payload, stream, str(response.get("model") or ""), "stop", end)
+
+    def recorder(self, upstream: str) -> Recorder:
+        return events.EventRecorder(upstream)
+
+    def render(self, entry: Entry, view: View) -> bytes:
+        return entry.stream + entry.tail if view.stream else entry.body
+
+    def stream_end(self, entry: Entry, view: View) -> bytes:
+        return entry.tail
+
+    def in_band_error(self, exc: UpstreamError) -> bytes:
+        if isinstance(exc, events.Unfinished):
+            return b""  # its own terminal event has gone out live
+        if isinstance(exc, events.ErrorEvent):
+            return exc.event
+        return super().in_band_error(exc)
+
+    def answer_id(self, body: bytes) -> str | None:
+        try:
+            found = _dict(orjson.loads(body)).get("id")
+        except orjson.JSONDecodeError:
+            return None
+        return found if isinstance(found, str) and found else None
+
+    def answer_parts(self, parsed: dict) -> list:
+        parts = []
+        for item in map(_dict, _list(parsed.get("output"))):
+            if item.get("type") == "message":
+                parts.append({"content": [{k: v for k, v in _dict(p).items() if k != "logprobs"}
+                                          for p in _list(item.get("content"))]})
+            elif item.get("type") == "function_call":
+                parts.append({"name": item.get("name"), "arguments": item.get("arguments")})
+            else:
+                parts.append({"type": item.get("type")})
+        return parts
+
+    # ---- strategies
+
+    def answer_text(self, response: dict) -> str:
+        """The output text, or the function calls as canonical JSON (arguments parsed
+        where they are JSON)."""
+        calls = _calls(response)
+        if not calls:
+            return _output_text(response)
+        shaped = []
+        for _, call in calls:
+            arguments = call.get("arguments", "")
+            try:
+                parsed = orjson.loads(arguments) if isinstance(arguments, str) else arguments
+            except orjson.JSONDecodeError:
+                parsed = arguments
+            shaped.append({"name": call.get("name"), "arguments": parsed})
+        try:
+            return c.canonical_json(shaped).decode()
+        except c.CanonicalError:
+            return ""
+
+    def requested_schema(self, body: dict) -> tuple[str, dict] | None:
+        form = _dict(_dict(body.get("text")).get("format"))
+        if form.get("type") == "json_object":
+            return "text.format", JSON_OBJECT
+        if form.get("type") == "json_schema":
+            return "text.format.schema", form.get("schema", {})
+        return None
+
+    def tool_schemas(self, body: dict) -> list[tuple[str, Any]]:
+        return [(f"tools[{i}].parameters", tool.get("parameters", {}))
+                for i, tool in enumerate(map(_dict, _list(body.get("tools")))) if tool.get("type") == "function"]
+
+    def problems(self, response: dict, request: dict, schema: dict | None) -> list[SchemaError]:
+        if not _list(response.get("output")):
+            return [SchemaError("$", "", "the response has no output")]
+        calls = _calls(response)
+        if calls:
+            parameters = {tool["name"]: tool.get("parameters", {}) for tool in map(_dict, _list(request.get("tools")))
+                          if tool.get("type") == "function" and "name" in tool}
+            return check_calls([(f"output[{i}]", call.get("name"), call.get("arguments")) for i, call in calls],
+                               parameters)
+        return check_content(_output_text(response), schema) if schema is not None else []
+
+    def with_feedback(self, request: dict, response: dict, errors: list[SchemaError]) -> dict | None:
+        """The input so far, the failed answer, then the errors addressed to the model (an
+        output for every function call, as the API requires each call answered)."""
+        given = request.get("input")
+        so_far = [{"role": "user", "content": given}] if isinstance(given, str) else list(_list(given))
+        calls = _calls(response)
+        if calls:
+            turn = []
+            for i, call in calls:
+                turn.append({k: call[k] for k in ("type", "call_id", "name", "arguments") if k in call})
+                turn.append({"type": "function_call_output", "call_id": call.get("call_id", ""),
+                             "output": _call_feedback(i, errors)})
+        else:
+            turn = [{"role": "assistant", "content": _output_text(response)},
+                    {"role": "user", "content": "Your answer does not match the required JSON schema. Errors "
+                                                "(JSONPath in your answer: problem (failing schema keyword)):\n"
+                                                f"{listing(errors)}\nAnswer again with only the corrected JSON."}]
+        return {**request, "input": [*so_far, *turn]}
+
+
+def _call_feedback(i: int, errors: list[SchemaError]) -> str:
+    own = [e for e in errors if e.path.startswith(f"output[{i}].")]
+    return (f"Rejected, not run: the arguments do not match the tool's schema.\n{listing(own)}\n"
+            "Call the tool again with arguments that fix every error." if own else
+            "Not run, because another tool call in this turn was rejected; call it again.")
+
+
+SURFACE = Responses()
