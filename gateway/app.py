@@ -10,31 +10,41 @@ from typing import AsyncIterator
 import aiohttp
 from aiohttp import web
 
-from gateway import handlers
 from gateway.apis import SURFACES
-from gateway.ingress.auth import Tenants
-from gateway.config import Settings
+from gateway.cache.chains import Chains
 from gateway.cache.entry import Sealer
-from gateway.ops.logs import AccessLog
+from gateway.cache.memory_store import MemoryStore
+from gateway.cache.near_cache import NearCache
+from gateway.cache.redis_store import RedisStore
+from gateway.cache.singleflight import SingleFlight
+from gateway.cache.store import Store, StoreError
+from gateway.cache.storing import FINISHES, StoreRules
+from gateway.config import Settings
+from gateway.ingress.auth import Tenants
 from gateway.ingress.expect import expect_continue
 from gateway.ingress.header_safety import make_headers_safe
 from gateway.ingress.limits import TenantLimiter
-from gateway.cache.chains import Chains
-from gateway.cache.memory_store import MemoryStore
-from gateway.ops.metrics import Metrics
 from gateway.ingress.middlewares import errors, label_cache, observe
 from gateway.ingress.proxy import proxy
-from gateway.cache.near_cache import NearCache
-from gateway.policy.prepare import PreparedMemo
-from gateway.cache.redis_store import RedisStore
-from gateway.upstream.resilience import Resilience
-from gateway.cache.singleflight import SingleFlight
-from gateway.cache.storing import FINISHES, StoreRules
-from gateway.state import ACCESS_LOG, GATEWAY, PREPARED, METRICS, SECRET, SETTINGS, TENANTS, Gateway
-from gateway.cache.store import Store, StoreError
+from gateway.ops import endpoints
+from gateway.ops.logs import AccessLog
+from gateway.ops.metrics import Metrics
 from gateway.ops.status import status
-from gateway.upstream.client import UpstreamClient
 from gateway.ops.watch import watch
+from gateway.policy.prepare import PreparedMemo
+from gateway.route.cached import cached_route
+from gateway.state import (
+    ACCESS_LOG,
+    GATEWAY,
+    METRICS,
+    PREPARED,
+    SECRET,
+    SETTINGS,
+    TENANTS,
+    Gateway,
+)
+from gateway.upstream.client import UpstreamClient
+from gateway.upstream.resilience import Resilience
 
 log = logging.getLogger("detgate")
 
@@ -71,12 +81,12 @@ def create_app(settings: Settings) -> web.Application:
     app.on_response_prepare.append(make_headers_safe)
     app.cleanup_ctx.append(watch)
     for surface in SURFACES.values():
-        app.router.add_post("/v1" + surface.path, handlers.cached_route(surface), name=surface.name,
+        app.router.add_post("/v1" + surface.path, cached_route(surface), name=surface.name,
                             expect_handler=expect_continue)
     app.router.add_get("/v1/models", proxy, name="models")
     app.router.add_route("*", "/v1/{tail:.*}", proxy, name="proxy", expect_handler=expect_continue)
-    app.router.add_get("/healthz", handlers.healthz, name="healthz")
-    app.router.add_get("/metrics", handlers.metrics, name="metrics")
+    app.router.add_get("/healthz", endpoints.healthz, name="healthz")
+    app.router.add_get("/metrics", endpoints.metrics, name="metrics")
     app.router.add_get("/detgate/status", status, name="status")
     return app
 

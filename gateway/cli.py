@@ -114,8 +114,8 @@ def serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from gateway import config
-    from gateway.ops import logs
     from gateway.app import ConfigError, create_app
+    from gateway.ops import logs
     from gateway.upstream.discovery import discover
 
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}

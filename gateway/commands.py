@@ -96,10 +96,10 @@ async def _probe(settings) -> int:
 
 async def _cache(action: str, path: str, settings, reseal: bool) -> int:
     from gateway.cache.export import export_entries, import_entries
-    from gateway.ops.drift import EPOCHS
-    from gateway.ops.ledger import RedisLedger
     from gateway.cache.redis_store import RedisStore
     from gateway.cache.store import StoreError
+    from gateway.ops.drift import EPOCHS
+    from gateway.ops.ledger import RedisLedger
 
     store = RedisStore(settings.redis_url, settings.store_timeout_s)
     ledger = RedisLedger(settings.redis_url, settings.store_timeout_s)

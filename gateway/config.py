@@ -10,12 +10,19 @@ import tomllib
 from functools import cached_property
 from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 from gateway.apis import SURFACES
 from gateway.ingress.allowlist import parse_rule
-from gateway.policy.keys import tenant_from_api_key
 from gateway.policy.capabilities import CapabilitySpec
+from gateway.policy.keys import tenant_from_api_key
 from gateway.policy.rules import MAX_ATTEMPTS, ModelStrategy, Rules, compile_rules
 
 OPENAI_URL = "https://api.openai.com/v1"

@@ -5,15 +5,15 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gateway.ingress.auth import Tenants
+from gateway.cache.chains import Chains
+from gateway.cache.singleflight import SingleFlight
+from gateway.cache.store import Store
 from gateway.config import Settings
+from gateway.ingress.auth import Tenants
 from gateway.ingress.limits import TenantLimiter
 from gateway.ops.logs import AccessLog
 from gateway.ops.metrics import Metrics
 from gateway.policy.prepare import PreparedMemo
-from gateway.cache.chains import Chains
-from gateway.cache.singleflight import SingleFlight
-from gateway.cache.store import Store
 from gateway.upstream.client import UpstreamClient
 
 

@@ -40,7 +40,12 @@ from gateway.apis.validation import Number, Open, check
 from gateway.cache.entry import Entry
 from gateway.errors import ANTHROPIC_ERRORS, UpstreamError
 from gateway.policy import canonical as c
-from gateway.strategies.schema_check import SchemaError, check_content, listing, validate
+from gateway.strategies.schema_check import (
+    SchemaError,
+    check_content,
+    listing,
+    validate,
+)
 
 # Sent when the client names none: the API refuses a request without one.
 ANTHROPIC_VERSION = "2023-06-01"

@@ -12,7 +12,13 @@ from gateway.apis.surface import Recorder, Surface, View
 from gateway.apis.validation import Open, Sampling, check
 from gateway.cache.entry import Entry
 from gateway.policy import canonical as c
-from gateway.strategies.schema_check import JSON_OBJECT, SchemaError, check_calls, check_content, listing
+from gateway.strategies.schema_check import (
+    JSON_OBJECT,
+    SchemaError,
+    check_calls,
+    check_content,
+    listing,
+)
 
 
 class ContentPart(Open):

@@ -24,7 +24,14 @@ from __future__ import annotations
 from typing import Annotated, Any, Iterator, Literal
 
 import orjson
-from pydantic import Field, StrictBool, StrictInt, StrictStr, TypeAdapter, model_validator
+from pydantic import (
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    model_validator,
+)
 
 from gateway.apis import response_events as events
 from gateway.apis.surface import Recorder, Surface, View
@@ -33,7 +40,13 @@ from gateway.cache.entry import Entry
 from gateway.errors import ApiError, UpstreamError
 from gateway.policy import canonical as c
 from gateway.policy.canonical import Fields
-from gateway.strategies.schema_check import JSON_OBJECT, SchemaError, check_calls, check_content, listing
+from gateway.strategies.schema_check import (
+    JSON_OBJECT,
+    SchemaError,
+    check_calls,
+    check_content,
+    listing,
+)
 
 
 class Part(Open):

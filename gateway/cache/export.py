@@ -40,7 +40,14 @@ from typing import IO
 import orjson
 from tqdm import tqdm
 
-from gateway.cache.entry import CorruptEntry, Entry, OtherVersion, Sealer, decode, now_in_ms
+from gateway.cache.entry import (
+    CorruptEntry,
+    Entry,
+    OtherVersion,
+    Sealer,
+    decode,
+    now_in_ms,
+)
 from gateway.cache.store import Store
 from gateway.policy.keys import KEY_PREFIX, entry_mac, verify_entry
 

@@ -11,6 +11,7 @@ from redis.exceptions import RedisError
 
 from gateway.cache.store import StoreError
 
+
 # The cache key in braces is a Redis Cluster hash tag: an entry and its fill lock live in
 # one slot, so the commit script may touch both.
 def entry_name(key: str) -> str:

@@ -11,7 +11,14 @@ import redis.asyncio as aioredis
 
 from gateway.config import Settings, parse_rate_limit
 from gateway.errors import ApiError
-from gateway.ingress.ratelimit import Decision, Limit, LocalRateLimiter, RedisRateLimiter, retry_after_header
+from gateway.ingress.ratelimit import (
+    Decision,
+    Limit,
+    LocalRateLimiter,
+    RedisRateLimiter,
+    retry_after_header,
+)
+from gateway.ops.metrics import Metrics
 
 DEFAULT_TENANT = "*"
 
@@ -45,3 +52,11 @@ def rate_limited(tenant: str, decision: Decision) -> ApiError:
     return ApiError(429, f"Rate limit of tenant {tenant!r} reached; retry in {decision.retry_after:.2f}s.",
                     type="rate_limit_error", code="rate_limit_exceeded",
                     headers={"Retry-After": retry_after_header(decision.retry_after)})
+
+
+async def admit(limiter: TenantLimiter, tenant: str, metrics: Metrics) -> None:
+    """Raises the 429 when `tenant` is over its rate limit."""
+    decision = await limiter.check(tenant)
+    if not decision.allowed:
+        metrics.rate_limited.labels(tenant).inc()
+        raise rate_limited(tenant, decision)

@@ -18,9 +18,10 @@ from yarl import URL
 
 from gateway.config import Settings, UpstreamConfig
 from gateway.errors import ApiError, UpstreamError
-from gateway.handlers import admit, read_body
 from gateway.ingress.allowlist import confined, encoded, rules_for
 from gateway.ingress.auth import Credentials, authenticate, upstream_headers
+from gateway.ingress.body import read_body
+from gateway.ingress.limits import admit
 from gateway.state import CACHE, GATEWAY, METRICS, SETTINGS, TENANT, TENANTS
 from gateway.upstream.client import scrubbed
 
@@ -56,7 +57,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     upstream, wire = allowed(settings, request.method, segments)
     gateway = app[GATEWAY]
     if gateway.limiter is not None:
-        await admit(request, gateway.limiter, tenant.name)
+        await admit(gateway.limiter, tenant.name, app[METRICS])
     headers = {k: v for k, v in request.headers.items() if k.lower() in REQUEST_HEADERS}
     sent = upstream_headers(upstream, credentials, settings.passthrough_auth, wire)
     headers.update(sent)

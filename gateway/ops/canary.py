@@ -19,16 +19,16 @@ from dataclasses import asdict, dataclass
 import orjson
 import xxhash
 
-from gateway.ingress.auth import Tenants
-from gateway.config import CanaryConfig, Settings
 from gateway.apis import SURFACES
 from gateway.apis.surface import Surface
-from gateway.ops.drift import DriftEvent, DriftMonitor
-from gateway.errors import ApiError, UpstreamError
 from gateway.cache.feed import Feed
+from gateway.cache.store import StoreError
+from gateway.config import CanaryConfig, Settings
+from gateway.errors import ApiError, UpstreamError
+from gateway.ingress.auth import Tenants
+from gateway.ops.drift import DriftEvent, DriftMonitor
 from gateway.ops.metrics import Metrics
 from gateway.policy.prepare import Asked, prepare
-from gateway.cache.store import StoreError
 from gateway.strategies.single import single
 from gateway.upstream.client import UpstreamClient
 

@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass, replace
 
 import orjson
 
-from gateway.policy.keys import KEY_PREFIX
+from gateway.cache.store import StoreError
 from gateway.ops.ledger import Ledger
 from gateway.ops.metrics import Metrics
-from gateway.cache.store import StoreError
+from gateway.policy.keys import KEY_PREFIX
 
 log = logging.getLogger("detgate.drift")
 

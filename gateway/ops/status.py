@@ -10,12 +10,12 @@ from collections import defaultdict
 import orjson
 from aiohttp import web
 
+from gateway.cache.store import StoreError
 from gateway.ingress.auth import Credentials, authenticate, authorize_operator
 from gateway.ops.canary import RUNS
 from gateway.ops.drift import EPOCHS, EVENTS, FINGERPRINTS, SEEN
-from gateway.state import SETTINGS, TENANTS
-from gateway.cache.store import StoreError
 from gateway.ops.watch import LEDGER
+from gateway.state import SETTINGS, TENANTS
 
 RECENT_EVENTS = 20
 

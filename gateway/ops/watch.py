@@ -12,11 +12,11 @@ from typing import AsyncIterator
 
 from aiohttp import web
 
+from gateway.cache.store import StoreError
 from gateway.ops.canary import Canaries
 from gateway.ops.drift import DriftMonitor
 from gateway.ops.ledger import Ledger, open_ledger
 from gateway.state import GATEWAY, METRICS, SECRET, SETTINGS
-from gateway.cache.store import StoreError
 
 log = logging.getLogger("detgate.drift")
 

@@ -17,11 +17,20 @@ from gateway.apis.surface import Surface
 from gateway.config import UpstreamConfig
 from gateway.errors import ApiError
 from gateway.policy.canonical import TEXT_SETTINGS
+from gateway.policy.profiles import (
+    Profile,
+    RandomnessError,
+    changed_params,
+    derandomize,
+    parse_mode,
+    resolve_model,
+    split_n,
+    unsent,
+)
 from gateway.policy.rules import MAX_VOTE, ModelRule, Rules
-from gateway.policy.profiles import (Profile, RandomnessError, changed_params, derandomize, parse_mode, resolve_model,
-                                     split_n, unsent)
 from gateway.strategies.schema_check import named_schema, schema_problem
 from gateway.strategies.spec import SINGLE, StrategySpec, spec_name
+
 
 class Hints(NamedTuple):
     """The x-detgate-mode, x-detgate-vote and x-detgate-schema headers, as sent. A tuple:

@@ -14,7 +14,13 @@ import orjson
 from gateway.apis.surface import Surface, View
 from gateway.config import Settings
 from gateway.errors import ApiError
-from gateway.ingress.auth import Credentials, Tenant, Tenants, authenticate, upstream_headers
+from gateway.ingress.auth import (
+    Credentials,
+    Tenant,
+    Tenants,
+    authenticate,
+    upstream_headers,
+)
 from gateway.ingress.limits import check_message_count
 from gateway.policy.apply import Hints, apply_policy, text_rules
 from gateway.policy.canonical import CanonicalError, canonical_json, text_warning

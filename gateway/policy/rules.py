@@ -37,8 +37,8 @@ from typing import Any, Iterable, Mapping
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.policy.capabilities import Capabilities, CapabilitySpec, table
 from gateway.policy.canonical import value_json
+from gateway.policy.capabilities import Capabilities, CapabilitySpec, table
 from gateway.policy.profiles import PROFILES, Profile, amended, profile_from_dict
 from gateway.strategies.schema_check import schema_problem
 from gateway.strategies.vote import Extractor, extractor_from_dict

@@ -23,8 +23,8 @@ from gateway.cache.entry import Entry
 from gateway.cache.feed import Feed
 from gateway.strategies.retries import Answer, Rejected, SchemaExhausted, answer
 from gateway.strategies.single import Call
-from gateway.upstream.client import UpstreamClient
 from gateway.strategies.vote import Ballot, Vote, ballot, decide
+from gateway.upstream.client import UpstreamClient
 
 
 async def choose(call: Call, client: UpstreamClient, feed: Feed) -> Entry:

@@ -14,9 +14,9 @@ import aiohttp
 import orjson
 
 from gateway.config import UpstreamConfig
-from gateway.upstream.deadline import Deadline, client_timeout
 from gateway.errors import UpstreamError
 from gateway.ops.metrics import Metrics
+from gateway.upstream.deadline import Deadline, client_timeout
 from gateway.upstream.resilience import Resilience
 
 Headers = tuple[tuple[str, str], ...]

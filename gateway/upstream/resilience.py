@@ -14,13 +14,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
+from gateway.config import Settings
+from gateway.errors import UpstreamError
+from gateway.ingress.ratelimit import retry_after_header
+from gateway.ops.metrics import Metrics
 from gateway.upstream.breaker import BreakerConfig, Breakers, CircuitOpen, State
 from gateway.upstream.concurrency import Saturated, UpstreamSlots
-from gateway.config import Settings
 from gateway.upstream.deadline import Deadline
-from gateway.errors import UpstreamError
-from gateway.ops.metrics import Metrics
-from gateway.ingress.ratelimit import retry_after_header
 from gateway.upstream.retry import GaveUp, RetryPolicy, call_with_retries
 
 T = TypeVar("T")

@@ -14,7 +14,6 @@ from gateway.policy.canonical import (
     TEXT_RULES,
     UNKEYED_FIELDS,
     CanonicalError,
-    OrderedObject,
     canonical_json,
     text_warning,
     value_json,

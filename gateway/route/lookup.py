@@ -1,0 +1,111 @@
+"""The cache's side of answering one key: a stored entry on a hit, else the flight that
+fills it, and the label (miss, coalesced, bypass) the answer goes out under."""
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from gateway.cache.entry import Entry
+from gateway.cache.feed import Feed
+from gateway.cache.modes import replay_miss, replay_unavailable
+from gateway.cache.singleflight import Flight, Outcome, Produce
+from gateway.cache.store import StoreError
+from gateway.errors import ApiError
+from gateway.route.warnings import warn
+from gateway.state import GATEWAY, METRICS, SETTINGS
+from gateway.strategies.single import Call
+
+STATEFUL = "stateful"  # the control of a request the gateway passes through uncached (Surface.uncached)
+
+
+async def find_or_fly(request: web.Request, key: str, call: Call, control: str | None, produce: Produce,
+                       headers: dict[str, str]) -> Entry | tuple[Flight, str]:
+    """The cache's side of answering one key, the same for a whole request and for each part
+    of a split: the stored entry on a hit, else the flight that fills it and the cache label
+    it starts under. Counts coalesced requests and bypasses known from the start."""
+    app = request.app
+    metrics = app[METRICS]
+    if control in ("no-store", STATEFUL):
+        metrics.cache_bypass.labels(control).inc()
+        return _unshared(produce), "bypass"
+    refresh = control == "no-cache"
+    store_down, stale = False, None
+    if not refresh:
+        entry, stale, store_down = await _lookup(request, key)
+        if entry is not None:
+            return entry
+        if app[SETTINGS].mode == "replay":
+            raise replay_unavailable(headers) if store_down else replay_miss(key, call.body, headers)
+        if control == "only-if-cached":
+            raise _not_cached(key, headers)
+    flight, leader = app[GATEWAY].flights.join(key, produce, str(call.body.get("model", "")),
+                                               refresh=refresh or stale == "corrupt", replace=stale == "expired")
+    if not leader:
+        metrics.coalesced.labels(request.match_info.route.name or "").inc()
+    if store_down:
+        metrics.cache_bypass.labels("store_down").inc()
+        return flight, "bypass"
+    return flight, "miss" if leader else "coalesced"
+
+
+def settle(request: web.Request, outcome: Outcome, cache: str, headers: dict[str, str]) -> str:
+    """The cache label an answer goes out under, once its flight has landed; a warning when
+    the store rules chose not to keep it (a miss all the same, and again next time)."""
+    metrics = request.app[METRICS]
+    if not outcome.filled and cache == "miss":
+        cache = "coalesced"  # another replica's call answered it
+        metrics.coalesced.labels(request.match_info.route.name or "").inc()
+    if outcome.declined is not None:
+        warn(headers, f"answer not stored: {outcome.declined}")
+    elif not outcome.stored and cache != "bypass":
+        # The store failed while this answer was being filled: it went out uncached.
+        if request.app[SETTINGS].cache_failure == "fail-closed":
+            raise store_unavailable("the answer could not be stored")
+        cache = "bypass"
+        metrics.cache_bypass.labels("store_down").inc()
+    return cache
+
+
+def _unshared(produce: Produce) -> Flight:
+    """A flight of this request's own, for no-store: joined by no one, stored nowhere."""
+    feed = Feed()
+
+    async def fly() -> Outcome:
+        try:
+            return Outcome(await produce(feed), filled=True)
+        finally:
+            feed.close()
+
+    return Flight(feed, asyncio.create_task(fly()))
+
+
+def _not_cached(key: str, headers: dict[str, str]) -> ApiError:
+    return ApiError(404, f"No cached answer for key {key} (x-detgate-cache-control: only-if-cached).",
+                    param="x-detgate-cache-control", code="cache_miss", headers=headers)
+
+
+def store_unavailable(what: str) -> ApiError:
+    return ApiError(503, f"The cache store is unavailable ({what}) and this gateway is configured "
+                         "--cache-failure fail-closed: it answers only what it can store. Retry shortly.",
+                    type="server_error", code="cache_unavailable", headers={"Retry-After": "1"})
+
+
+async def _lookup(request: web.Request, key: str) -> tuple[Entry | None, str | None, bool]:
+    """(entry, why a stored value must be overwritten: "corrupt" or "expired", whether the
+    store failed). A failed store is a 503 when the gateway is configured fail-closed."""
+    app = request.app
+    try:
+        raw = await app[GATEWAY].store.get(key)
+    except StoreError as exc:
+        app[METRICS].cache_errors.labels("get").inc()
+        if app[SETTINGS].cache_failure == "fail-closed":
+            raise store_unavailable(str(exc)) from None
+        return None, None, True
+    if raw is None:
+        return None, None, False
+    entry = app[GATEWAY].flights.unseal(key, raw)
+    if entry is None:
+        return None, "corrupt", False
+    # Past its TTL, though a copy (the near cache) or a slow clock still holds it.
+    return (None, "expired", False) if entry.expired() else (entry, None, False)
