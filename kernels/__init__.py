@@ -5,6 +5,9 @@ Public API (everything else in detgate relies only on these names):
   rms_norm(x, weight, eps)           one row per program
   rms_norm_residual(x, res, w, eps)  fused residual add + RMSNorm -> (normed, x + res)
   store_kv / paged_attention         paged KV cache write and causal attention
+  attention_plan                     what the layers' paged_attention calls of one forward share
+  rope_store_kv(qkv, positions, ...) per-head q/k norm + RoPE + KV write in one launch -> q
+  silu_mul(x)                        silu(gate) * up of x = [gate | up], one launch
   log_softmax / logsumexp / argmax / sample
   set_mode / get_mode / mode         "invariant" | "standard"
   toolchain(device)                  the compiler versions that, with KERNEL_VERSION, fix the bits
@@ -12,7 +15,9 @@ Public API (everything else in detgate relies only on these names):
 from kernels.mode import get_mode, mode, set_mode
 from kernels.matmul import matmul
 from kernels.norm import rms_norm, rms_norm_residual
-from kernels.attention import paged_attention, store_kv
+from kernels.attention import attention_plan, paged_attention, store_kv
+from kernels.activation import silu_mul
+from kernels.rotary import rope_store_kv
 from kernels.sampling import argmax, log_softmax, logsumexp, sample
 from kernels.toolchain import toolchain
 
@@ -20,6 +25,7 @@ from kernels.toolchain import toolchain
 KERNEL_VERSION = "6"
 
 __all__ = [
-    "KERNEL_VERSION", "argmax", "get_mode", "log_softmax", "logsumexp", "matmul", "mode",
-    "paged_attention", "rms_norm", "rms_norm_residual", "sample", "set_mode", "store_kv", "toolchain",
+    "KERNEL_VERSION", "argmax", "attention_plan", "get_mode", "log_softmax", "logsumexp", "matmul", "mode",
+    "paged_attention", "rms_norm", "rms_norm_residual", "rope_store_kv", "sample", "set_mode", "silu_mul",
+    "store_kv", "toolchain",
 ]

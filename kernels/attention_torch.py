@@ -1,6 +1,6 @@
-"""Paged attention in plain torch: the fp32 reference and the vendor (SDPA) path.
+"""Paged attention in plain torch: the fp32 reference, the CPU backend's path and the vendor (SDPA) path.
 
-Both read the same packed layout as the Triton kernels: queries of all
+All read the same packed layout as the Triton kernels: queries of all
 sequences packed along T, each sequence's queries being the LAST q_len of its
 kv_len positions (causal, bottom-right aligned).
 """
@@ -11,45 +11,84 @@ import torch.nn.functional as F
 
 
 def store_kv_torch(k, v, k_cache, v_cache, slot_mapping) -> None:
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    block_size = k_cache.shape[1]
-    blocks, offsets = slots // block_size, slots % block_size
-    k_cache[blocks, offsets] = k[keep].to(k_cache.dtype)
-    v_cache[blocks, offsets] = v[keep].to(v_cache.dtype)
+    if bool((slot_mapping < 0).any()):
+        keep = slot_mapping >= 0
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+    # A cache [blocks, block_size, Hkv, D] is a row per slot once its first two axes are merged.
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-def _gather_pages(cache, block_table_row, kv_len: int) -> torch.Tensor:
-    """[kv_len, Hkv, D] of one sequence, in position order."""
-    block_size = cache.shape[1]
-    pages = block_table_row[: (kv_len + block_size - 1) // block_size].long()
-    return cache[pages].flatten(0, 1)[:kv_len]
+def _pages(cache, pages: list[int], kv_len: int) -> torch.Tensor:
+    """[kv_len, Hkv, D] of one sequence, in position order: a view when its pages are
+    consecutive in the cache (as a lone request's usually are), else a gathered copy."""
+    first = pages[0]
+    if pages == list(range(first, first + len(pages))):
+        return cache[first: first + len(pages)].flatten(0, 1)[:kv_len]
+    return cache[torch.tensor(pages, device=cache.device)].flatten(0, 1)[:kv_len]
+
+
+# Query rows a reference prefill takes at a time: each block reads keys only up to its own
+# last position, so a prompt costs half the products of a whole square, in bounded memory.
+REFERENCE_QUERY_BLOCK = 128
 
 
 def paged_attention_reference(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale=None, *, compute_dtype=torch.float32,
 ) -> torch.Tensor:
-    """Per sequence: gather its pages and do causal softmax attention in compute_dtype."""
+    """Per sequence: causal softmax attention over its pages in compute_dtype.
+
+    The G query heads of a KV head go through one batched product with that head's keys
+    and values (rows (head, position) of a [Hkv, G * rows, D] operand), so KV is never
+    copied once per query head.
+    """
     T, H, D = q.shape
-    h_kv = k_cache.shape[2]
+    block_size, h_kv = k_cache.shape[1], k_cache.shape[2]
+    G = H // h_kv
     scale = D ** -0.5 if scale is None else scale
     out = torch.empty_like(q)
-    cu = cu_seqlens_q.tolist()
+    cu, tables = cu_seqlens_q.tolist(), block_tables.tolist()
     for s, kv_len in enumerate(kv_lens.tolist()):
-        q_s = q[cu[s]: cu[s + 1]].to(compute_dtype)
-        q_len = q_s.shape[0]
+        pages = tables[s][: (kv_len + block_size - 1) // block_size]
+        k_s = _pages(k_cache, pages, kv_len).to(compute_dtype).permute(1, 2, 0)   # [Hkv, D, kv]
+        v_s = _pages(v_cache, pages, kv_len).to(compute_dtype).transpose(0, 1)    # [Hkv, kv, D]
+        first = kv_len - (cu[s + 1] - cu[s])   # the position of the sequence's first query
+        for a in range(cu[s], cu[s + 1], REFERENCE_QUERY_BLOCK):
+            b = min(a + REFERENCE_QUERY_BLOCK, cu[s + 1])
+            rows, end = b - a, first + b - cu[s]   # this block's queries see keys [0, end)
+            q_b = q[a:b].to(compute_dtype).view(rows, h_kv, G, D).permute(1, 2, 0, 3).reshape(h_kv, G * rows, D)
+            scores = torch.bmm(q_b, k_s[:, :, :end]).mul_(scale).view(h_kv, G, rows, end)
+            if rows > 1:
+                q_pos = torch.arange(end - rows, end, device=q.device)
+                scores.masked_fill_(torch.arange(end, device=q.device) > q_pos[:, None], float("-inf"))
+            o = torch.bmm(scores.view(h_kv, G * rows, end).softmax(dim=-1), v_s[:, :end])   # [Hkv, G*rows, D]
+            out[a:b].view(rows, h_kv, G, D).copy_(o.view(h_kv, G, rows, D).permute(2, 0, 1, 3))
+    return out
+
+
+def paged_attention_per_sequence(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale) -> torch.Tensor:
+    """The CPU backend's path: one fused torch SDPA call per sequence over its own pages, with
+    the query heads of a KV head sharing it (enable_gqa), no padding, and no copy of the pages
+    when they are consecutive. The reference above spells the arithmetic out; this is the same
+    function at the speed of transformers' own CPU attention."""
+    H = q.shape[1]
+    block_size, h_kv = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty_like(q)
+    cu, tables = cu_seqlens_q.tolist(), block_tables.tolist()
+    for s, kv_len in enumerate(kv_lens.tolist()):
+        q_len = cu[s + 1] - cu[s]
         if q_len == 0:
             continue
-        k_s = _gather_pages(k_cache, block_tables[s], kv_len).to(compute_dtype)
-        v_s = _gather_pages(v_cache, block_tables[s], kv_len).to(compute_dtype)
-        k_s = k_s.repeat_interleave(H // h_kv, dim=1)
-        v_s = v_s.repeat_interleave(H // h_kv, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q_s, k_s) * scale
-        q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)
-        k_pos = torch.arange(kv_len, device=q.device)
-        scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
-        probs = scores.softmax(dim=-1)
-        out[cu[s]: cu[s + 1]] = torch.einsum("hqk,khd->qhd", probs, v_s).to(q.dtype)
+        pages = tables[s][: (kv_len + block_size - 1) // block_size]
+        k = _pages(k_cache, pages, kv_len).transpose(0, 1)[None]   # [1, Hkv, kv, D]
+        v = _pages(v_cache, pages, kv_len).transpose(0, 1)[None]
+        mask = None   # a lone query (decode) sees every position
+        if q_len > 1:   # causal, aligned to the last position: row i sees keys up to kv_len - q_len + i
+            positions = torch.arange(kv_len, device=q.device)
+            mask = positions <= positions[kv_len - q_len:, None]
+        o = F.scaled_dot_product_attention(q[cu[s]: cu[s + 1]].transpose(0, 1)[None], k, v, attn_mask=mask,
+                                           scale=scale, enable_gqa=H != h_kv)
+        out[cu[s]: cu[s + 1]] = o[0].transpose(0, 1)
     return out
 
 

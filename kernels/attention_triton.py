@@ -2,8 +2,10 @@
 
 Why a row's bits depend only on its own query and its own sequence's KV:
 - Every program holds exactly BLOCK_M query rows, (position, head) pairs of one
-  sequence and one KV head, padded with zero rows. Query tiles are aligned to
-  absolute positions too (tile j holds positions [j*BLOCK_Q, (j+1)*BLOCK_Q)),
+  sequence and one KV head, padded with zero rows. A tile holds BLOCK_Q = BLOCK_M // G
+  positions of all G query heads of its KV head (with a GQA group G that does not divide
+  BLOCK_M, the BLOCK_M % G rows after them are padding too). Query tiles are aligned to
+  absolute positions (tile j holds positions [j*BLOCK_Q, (j+1)*BLOCK_Q)),
   so a row sits at the same place in its tile whether it is decoded alone or
   prefilled inside any chunk: the result then cannot depend on a row's place in
   the matrix unit (the CPU interpreter's BLAS does depend on it). The dot shapes
@@ -55,6 +57,22 @@ WIDE_TILES = 16    # splits of 16 tiles (1024 positions)
 # the GPU that every row here gives the same bits as the first (on an H100 with Triton
 # 3.6, BLOCK_M 64/128 and 4/8 warps all did; 16 and 32 rows did not).
 CONFIGS = ((1024, 64, 4), (1 << 62, 128, 8))
+# The head sizes measured on the GPU (bench/kernels_attention_gqa.py): any GQA group up to a
+# tile's rows, head_dim 64 or 128.
+HEAD_DIMS = (64, 128)
+
+
+def attention_layout_problem(num_heads: int, num_kv_heads: int, head_dim: int) -> str | None:
+    """Why these kernels cannot serve a model with this head layout, or None."""
+    if num_kv_heads <= 0 or num_heads % num_kv_heads:
+        return f"num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}"
+    group, rows = num_heads // num_kv_heads, min(m for _, m, _ in CONFIGS)
+    if group > rows:
+        return (f"{num_heads} query heads per KV head ({num_heads} / {num_kv_heads}) do not fit in the attention "
+                f"kernel's {rows}-row tile")
+    if head_dim not in HEAD_DIMS:
+        return f"head_dim {head_dim} is not one the invariant attention kernel runs ({', '.join(map(str, HEAD_DIMS))})"
+    return None
 
 # KV tiles in flight per program. Decode walks are chains of dependent page-table and
 # KV loads with little math, so they keep a third tile coming: 2-6% faster at batch 2-256
@@ -106,11 +124,15 @@ def _seq_of(cu_ptr, idx, S, n_iter):
 
 
 @triton.jit
-def _rows(r, first, q_first, q_len, kv_head, G: tl.constexpr):
-    """(absolute position, token in the sequence, head, real?) of tile rows r; the tile's first position is `first`."""
+def _rows(r, first, q_first, q_len, kv_head, G: tl.constexpr, ROWS: tl.constexpr, PADDED: tl.constexpr):
+    """(absolute position, token in the sequence, head, real?) of tile rows r; the tile's first position is `first`.
+    PADDED: rows from ROWS on are padding (they would repeat the next tile's first position)."""
     pos = first + r // G
     tok = pos - q_first
-    return pos, tok, kv_head * G + r % G, (tok >= 0) & (tok < q_len)
+    real = (tok >= 0) & (tok < q_len)
+    if PADDED:
+        real = real & (r < ROWS)
+    return pos, tok, kv_head * G + r % G, real
 
 
 @triton.jit
@@ -152,7 +174,7 @@ def _pair_rows(x, own):
     """[BLOCK_M, W] -> [BLOCK_M // 2, W]: of rows r and r + 8 of each 16-row group, the one where
     `own` holds (either where neither does). A select, exact for every value.
 
-    A decode program's real rows are G <= 8 consecutive ones, aligned to G, so never both
+    A decode program's real rows are G <= 8 consecutive ones, so never both
     rows of a pair; and in the wgmma accumulator each thread holds exactly such a pair, so
     this costs a register select and halves the per-row work after the tile loop (divisions,
     stores)."""
@@ -171,12 +193,15 @@ def _pair_values(v, own):
 
 
 @triton.jit
-def _paired_ids(first_own, M: tl.constexpr):
-    """Ids of the rows _pair_rows keeps when the owned rows start at row first_own: in closed
+def _paired_ids(first_own, M: tl.constexpr, G: tl.constexpr):
+    """Ids of the rows _pair_rows keeps when the G owned rows start at row first_own: in closed
     form, so that offsets built from them keep their alignment (picked through the select,
     they lost it and the stores their vector width)."""
     i = tl.arange(0, M // 2)
-    return i // 8 * 16 + first_own // 8 % 2 * 8 + i % 8
+    if 8 % G == 0:   # a group aligned to G lies in one half of its 16 rows: one offset for all
+        return i // 8 * 16 + first_own // 8 % 2 * 8 + i % 8
+    low = i // 8 * 16 + i % 8   # pair i is rows low and low + 8; the owned one, else low + 8
+    return tl.where((low >= first_own) & (low < first_own + G), low, low + 8)
 
 
 @triton.jit
@@ -291,6 +316,8 @@ def _attention_kernel(
     WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // G
+    ROWS: tl.constexpr = BLOCK_Q * G
+    PADDED: tl.constexpr = ROWS != BLOCK_M
     PAIRS: tl.constexpr = DECODE and G <= 8  # see _pair_rows
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -314,7 +341,7 @@ def _attention_kernel(
         tile_in_seq = tile - tl.load(cu_tiles_ptr + seq)
     first = (q_first // BLOCK_Q + tile_in_seq) * BLOCK_Q
 
-    pos, tok, head, row_ok = _rows(tl.arange(0, BLOCK_M), first, q_first, q_len, kv_head, G)
+    pos, tok, head, row_ok = _rows(tl.arange(0, BLOCK_M), first, q_first, q_len, kv_head, G, ROWS, PADDED)
     last_pos = tl.where(live, tl.minimum(first + BLOCK_Q, kv_len) - 1, -1)
 
     d = tl.arange(0, BLOCK_D)
@@ -335,8 +362,8 @@ def _attention_kernel(
     # rows start at row (kv_len - 1 - first) * G).
     out_tok, out_head, out_ok = tok, head, row_ok
     if PAIRS:
-        _, out_tok, out_head, out_ok = _rows(_paired_ids((kv_len - 1 - first) * G, BLOCK_M),
-                                             first, q_first, q_len, kv_head, G)
+        _, out_tok, out_head, out_ok = _rows(_paired_ids((kv_len - 1 - first) * G, BLOCK_M, G),
+                                             first, q_first, q_len, kv_head, G, ROWS, PADDED)
     part = (q_start + out_tok)[:, None] * stride_pt + out_head[:, None] * stride_ph
 
     if SPLIT:
@@ -503,7 +530,7 @@ def paged_attention_triton(
     S = kv_lens.shape[0]
     h_kv = k_cache.shape[2]
     G = H // h_kv
-    assert H % h_kv == 0 and block_m % G == 0, f"GQA group {G} must divide {block_m}"
+    assert H % h_kv == 0 and G <= block_m, f"GQA group {G} must fit in a {block_m}-row tile"
     assert q.stride(2) == 1 and k_cache.stride(3) == 1
     # One address per KV element serves K and V; the row max is taken before the scaling (_scores).
     assert k_cache.stride() == v_cache.stride(), "K and V caches must share their layout"

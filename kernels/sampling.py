@@ -144,8 +144,16 @@ def kept_cdf(scaled: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 def sample_reference(logits, seeds, steps, temperature, top_k, top_p) -> torch.Tensor:
     vocab = logits.shape[-1]
+    # The CPU backend decodes through here one row at a time: a greedy row needs only the
+    # argmax, and a row that filters nothing no ranking (a sort of the whole vocabulary).
+    if bool((temperature <= 0).all()):
+        return argmax_reference(logits.float())
     scaled = scale(logits, temperature)
-    cdf = kept_cdf(scaled, keep_mask(scaled, top_k, top_p))
+    if bool(row_filters(temperature, top_k, top_p, vocab).any()):
+        keep = keep_mask(scaled, top_k, top_p)
+    else:
+        keep = torch.ones_like(scaled, dtype=torch.bool)
+    cdf = kept_cdf(scaled, keep)
     u = philox.row_uniform_reference(seeds, steps).to(device=cdf.device, dtype=torch.float64).view(-1, 1)
     drawn = (cdf <= u).sum(dim=-1)
     ids = torch.arange(vocab, device=cdf.device).expand_as(cdf)

@@ -41,6 +41,7 @@ def main(argv: list[str]) -> None:
     import torch
 
     from local_backend.engine.llm_engine import Engine
+    from local_backend.errors import CheckpointError
     from local_backend.metrics import Metrics
     from local_backend.server import make_app
 
@@ -53,7 +54,10 @@ def main(argv: list[str]) -> None:
             gpu_memory_fraction=args.gpu_memory_fraction, audit_rate=args.audit_rate)
     except ValueError as e:
         p.error(str(e))
-    engine = Engine(config, Metrics())
+    try:
+        engine = Engine(config, Metrics())
+    except CheckpointError as e:   # names the file and the field: no traceback needed
+        p.exit(2, f"detgate backend: cannot serve {args.model}: {e}\n")
     name = args.served_model_name or Path(args.model).resolve().name
     logging.getLogger(__name__).info("serving %s (%s, %s mode, %d KV blocks, fingerprint %s)",
                                      name, device, args.mode, engine.num_blocks, engine.fingerprint)

@@ -5,11 +5,22 @@ import dataclasses
 import json
 from pathlib import Path
 
+import xxhash
+
+from local_backend import rope
+from local_backend.errors import CheckpointError
+from local_backend.generation_config import GenerationConfig, token_ids
+
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
+DTYPES = ("float32", "float16", "bfloat16")
+# Every file besides the weights whose bytes can change an answer: the model's settings,
+# the tokenizer and the chat template (the fingerprint digests them).
+SETTINGS_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                  "chat_template.jinja")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,48 +34,86 @@ class ModelConfig:
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict | None
+    rope: rope.Rope
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool   # bias on q/k/v projections (Qwen2 always, Llama when configured)
     qk_norm: bool          # per-head RMSNorm on q and k before RoPE (Qwen3)
     eos_token_ids: tuple[int, ...]
+    dtype: str | None      # the dtype the checkpoint says it was saved in (`dtype`, formerly `torch_dtype`)
+    generation: GenerationConfig
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "ModelConfig":
         path = Path(path)
-        raw = json.loads((path / "config.json").read_text())
+        file = path / "config.json"
+        if not file.exists():
+            raise CheckpointError(f"{file}: no such file (is {path} a Hugging Face checkpoint directory?)")
+        try:
+            raw = json.loads(file.read_text())
+        except ValueError as e:
+            raise CheckpointError(f"{file}: not valid JSON ({e})") from None
+
+        def need(name: str, kind=int):
+            value = raw.get(name)
+            if value is None:
+                raise CheckpointError(f"{file}: missing field {name}")
+            if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
+                raise CheckpointError(f"{file}: {name} must be a positive {kind.__name__}, got {value!r}")
+            return value
+
         archs = raw.get("architectures") or []
         known = [ARCHITECTURES[a] for a in archs if a in ARCHITECTURES]
         if not known:
-            raise ValueError(f"unsupported architectures {archs}; supported: {sorted(ARCHITECTURES)}")
+            raise CheckpointError(f"{file}: architectures {archs} unsupported; supported: {sorted(ARCHITECTURES)}")
         arch = known[0]
-        heads = raw["num_attention_heads"]
-        head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
-        eos = raw.get("eos_token_id")
-        generation = path / "generation_config.json"
-        if generation.exists():
-            eos = json.loads(generation.read_text()).get("eos_token_id", eos)
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        heads = need("num_attention_heads")
+        kv_heads = raw.get("num_key_value_heads") or heads
+        if heads % kv_heads:
+            raise CheckpointError(f"{file}: num_attention_heads {heads} is not a multiple of "
+                                  f"num_key_value_heads {kv_heads}")
+        head_dim = raw.get("head_dim") or need("hidden_size") // heads
+        dtype = raw.get("dtype", raw.get("torch_dtype"))
+        if dtype is not None and dtype not in DTYPES:
+            raise CheckpointError(f"{file}: dtype {dtype!r} is not one of {list(DTYPES)}")
+        rope_settings = rope.parse(raw, str(file))
+        generation = GenerationConfig.from_dir(path)
+        eos = generation.eos_token_ids
+        if eos is None:
+            eos = () if raw.get("eos_token_id") is None else token_ids(raw["eos_token_id"], f"{file}: eos_token_id")
+        vocab = need("vocab_size")
+        if any(i >= vocab for i in eos):
+            raise CheckpointError(f"{path}: eos_token_id {list(eos)} reaches past config.json's vocab_size {vocab}")
         return cls(
             arch=arch,
-            vocab_size=raw["vocab_size"],
-            hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
-            num_layers=raw["num_hidden_layers"],
+            vocab_size=vocab,
+            hidden_size=need("hidden_size"),
+            intermediate_size=need("intermediate_size"),
+            num_layers=need("num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=raw.get("num_key_value_heads") or heads,
+            num_kv_heads=kv_heads,
             head_dim=head_dim,
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            rope_theta=raw.get("rope_theta", 10000.0),
-            rope_scaling=raw.get("rope_scaling"),
+            rope=rope_settings,
             max_position_embeddings=raw.get("max_position_embeddings", 4096),
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             attention_bias=arch == "qwen2" or raw.get("attention_bias", False),
             qk_norm=arch == "qwen3",
-            eos_token_ids=eos_ids,
+            eos_token_ids=eos,
+            dtype=dtype,
+            generation=generation,
         )
+
+
+def settings_digest(path: str | Path) -> str:
+    """A digest of the bytes of every SETTINGS_FILES file present (absent ones count as absent)."""
+    digest = xxhash.xxh3_128()
+    for name in SETTINGS_FILES:
+        file = Path(path) / name
+        data = file.read_bytes() if file.exists() else None
+        digest.update(f"{name}|{-1 if data is None else len(data)}|".encode())
+        digest.update(data or b"")
+    return digest.hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)

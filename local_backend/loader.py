@@ -16,33 +16,47 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from local_backend.config import ModelConfig
+from local_backend.errors import CheckpointError
 from local_backend.models.llama import Layer, Weights
 
 
+INDEX = "model.safetensors.index.json"
+
+
 def shard_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
+    index = path / INDEX
     if index.exists():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{index}: no weight_map of tensor names to files ({e!r})") from None
+        missing = [n for n in names if not (path / n).exists()]
+        if missing:
+            raise CheckpointError(f"{index}: weight_map names {', '.join(missing)}, missing from {path}")
         return [path / n for n in names]
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors in {path}")
+        raise CheckpointError(f"{path}: no *.safetensors files and no {INDEX}")
     return files
 
 
-def read_tensors(path: Path, device: str, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], str]:
-    """All tensors of the checkpoint on `device` in `dtype`, and a digest of their stored bytes."""
+def read_tensors(path: Path, device: str, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], str, dict[str, str]]:
+    """All tensors of the checkpoint on `device` in `dtype`, a digest of their stored bytes, and
+    the file each came from."""
     files = shard_files(path)
     digest = xxhash.xxh3_128()
-    handles = [safe_open(str(f), framework="pt") for f in files]
-    keys = [(h, k) for h in handles for k in h.keys()]
-    tensors = {}
-    for handle, key in tqdm(sorted(keys, key=lambda hk: hk[1]), desc=f"loading {path.name}", unit="tensor"):
+    handles = [(f.name, safe_open(str(f), framework="pt")) for f in files]
+    keys = [(name, h, k) for name, h in handles for k in h.keys()]
+    tensors, origin = {}, {}
+    for name, handle, key in tqdm(sorted(keys, key=lambda nhk: nhk[2]), desc=f"loading {path.name}", unit="tensor"):
+        if key in origin:
+            raise CheckpointError(f"{path}: tensor {key} is in both {origin[key]} and {name}")
         t = handle.get_tensor(key)
         digest.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.contiguous().view(torch.uint8).numpy().data)
         tensors[key] = t.to(device=device, dtype=dtype)
-    return tensors, digest.hexdigest()
+        origin[key] = name
+    return tensors, digest.hexdigest(), origin
 
 
 def matmul_operand(w: torch.Tensor) -> torch.Tensor:
@@ -50,37 +64,58 @@ def matmul_operand(w: torch.Tensor) -> torch.Tensor:
     return w.t()
 
 
-def build_weights(cfg: ModelConfig, t: dict[str, torch.Tensor]) -> Weights:
-    def take(name):
+def build_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], origin: dict[str, str]) -> Weights:
+    """The model's weights, each checked against the shape config.json implies."""
+    files = sorted(set(origin.values()))
+    h, d, inter, vocab = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size
+    q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
+
+    def take(name, shape, fields):
         if name not in t:
-            raise KeyError(f"checkpoint lacks {name}")
+            raise CheckpointError(f"tensor {name} is in none of {', '.join(files)}")
+        if tuple(t[name].shape) != shape:
+            raise CheckpointError(f"{origin[name]}: tensor {name} is {list(t[name].shape)}, but config.json "
+                                  f"({fields}) makes it {list(shape)}")
         return t.pop(name)
 
+    heads = "num_attention_heads, head_dim, hidden_size"
+    kv_heads = "num_key_value_heads, head_dim, hidden_size"
+    mlp_fields = "intermediate_size, hidden_size"
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         attn, mlp = p + "self_attn.", p + "mlp."
-        qkv = torch.cat([take(attn + "q_proj.weight"), take(attn + "k_proj.weight"), take(attn + "v_proj.weight")])
+        qkv = torch.cat([take(attn + "q_proj.weight", (q, h), heads), take(attn + "k_proj.weight", (kv, h), kv_heads),
+                         take(attn + "v_proj.weight", (kv, h), kv_heads)])
         bias = None
         if cfg.attention_bias:
-            bias = torch.cat([take(attn + "q_proj.bias"), take(attn + "k_proj.bias"), take(attn + "v_proj.bias")])
-        gate_up = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
+            bias = torch.cat([take(attn + "q_proj.bias", (q,), heads), take(attn + "k_proj.bias", (kv,), kv_heads),
+                              take(attn + "v_proj.bias", (kv,), kv_heads)])
+        gate_up = torch.cat([take(mlp + "gate_proj.weight", (inter, h), mlp_fields),
+                             take(mlp + "up_proj.weight", (inter, h), mlp_fields)])
         layers.append(Layer(
-            input_norm=take(p + "input_layernorm.weight"),
+            input_norm=take(p + "input_layernorm.weight", (h,), "hidden_size"),
             qkv=matmul_operand(qkv),
             qkv_bias=bias,
-            q_norm=take(attn + "q_norm.weight") if cfg.qk_norm else None,
-            k_norm=take(attn + "k_norm.weight") if cfg.qk_norm else None,
-            o=matmul_operand(take(attn + "o_proj.weight")),
-            post_norm=take(p + "post_attention_layernorm.weight"),
+            q_norm=take(attn + "q_norm.weight", (d,), "head_dim") if cfg.qk_norm else None,
+            k_norm=take(attn + "k_norm.weight", (d,), "head_dim") if cfg.qk_norm else None,
+            o=matmul_operand(take(attn + "o_proj.weight", (h, q), heads)),
+            post_norm=take(p + "post_attention_layernorm.weight", (h,), "hidden_size"),
             gate_up=matmul_operand(gate_up),
-            down=matmul_operand(take(mlp + "down_proj.weight")),
+            down=matmul_operand(take(mlp + "down_proj.weight", (h, inter), mlp_fields)),
         ))
-    embed = take("model.embed_tokens.weight")
-    head = embed if cfg.tie_word_embeddings or "lm_head.weight" not in t else take("lm_head.weight")
-    return Weights(embed=embed, layers=layers, norm=take("model.norm.weight"), lm_head=matmul_operand(head))
+    embed = take("model.embed_tokens.weight", (vocab, h), "vocab_size, hidden_size")
+    if cfg.tie_word_embeddings:
+        head = embed   # transformers ties them too, whatever lm_head.weight a checkpoint also holds
+    elif "lm_head.weight" in t:
+        head = take("lm_head.weight", (vocab, h), "vocab_size, hidden_size")
+    else:
+        raise CheckpointError(f"config.json: tie_word_embeddings is false, but lm_head.weight is in none of "
+                              f"{', '.join(files)}")
+    return Weights(embed=embed, layers=layers, norm=take("model.norm.weight", (h,), "hidden_size"),
+                   lm_head=matmul_operand(head))
 
 
 def load_weights(path: str | Path, cfg: ModelConfig, device: str, dtype: torch.dtype) -> tuple[Weights, str]:
-    tensors, digest = read_tensors(Path(path), device, dtype)
-    return build_weights(cfg, tensors), digest
+    tensors, digest, origin = read_tensors(Path(path), device, dtype)
+    return build_weights(cfg, tensors, origin), digest

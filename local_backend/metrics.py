@@ -27,5 +27,10 @@ class Metrics:
                                    "Full prompt blocks served from the prefix cache", registry=r)
         self.step_duration = Histogram("detgate_backend_step_duration_seconds", "Engine step wall time",
                                        buckets=STEP_BUCKETS, registry=r)
+        self.step_gpu = Counter("detgate_backend_step_gpu_seconds",
+                                "GPU time of engine steps by phase (forward, sampler: logits and sampling)",
+                                ["phase"], registry=r)
+        # Exported from the start (without a GPU they stay 0), and looked up once, not every step.
+        self.step_gpu_phase = {phase: self.step_gpu.labels(phase=phase) for phase in ("forward", "sampler")}
         self.audit = Counter("detgate_backend_audit", "Determinism audits: a served request re-run alone and cold",
                              ["result"], registry=r)

@@ -35,7 +35,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "functions": (None, []),
     "tool_choice": (None, "none"),
     "response_format": (None, {"type": "text"}),
-    "echo": (None, False),
     "suffix": (None, ""),
 }
 
@@ -104,6 +103,7 @@ class ChatRequest(_Common):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)   # an extension (vLLM's)
 
     @model_validator(mode="after")
     def top_needs_logprobs(self):
@@ -114,7 +114,11 @@ class ChatRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: str | list[int] | list[str] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=0)   # 0 scores the prompt (with echo or prompt_logprobs)
     logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool | None = False                       # the prompt leads the text (and its logprobs the logprobs)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)   # an extension (vLLM's)
+    return_tokens_as_token_ids: bool | None = False          # vLLM's: logprobs name tokens "token_id:{id}"
 
     @model_validator(mode="after")
     def one_prompt(self):
@@ -122,7 +126,15 @@ class CompletionRequest(_Common):
             if len(self.prompt) != 1:
                 raise APIError(400, "only one prompt per request is supported", param="prompt")
             self.prompt = self.prompt[0]
+        if self.max_tokens == 0 and not self.echo and self.prompt_logprobs is None:
+            raise APIError(400, "max_tokens=0 generates nothing: it is for scoring a prompt, with echo or "
+                           "prompt_logprobs", param="max_tokens")
         return self
+
+    def scored_prompt_logprobs(self) -> int | None:
+        """How many top prompt logprobs the engine must compute, None for no prompt logprobs."""
+        wanted = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        return max(wanted) if wanted else None
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:

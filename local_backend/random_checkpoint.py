@@ -1,8 +1,10 @@
 """Write random-weight Hugging Face checkpoints (Llama, Qwen2, Qwen3) for tests and benchmarks.
 
-The directory is a real checkpoint: config.json, safetensors (sharded with an index
-when asked), tokenizer.json and tokenizer_config.json with a chat template; transformers
-loads it too, which is how the benchmarks compare against `generate`.
+The directory is a real checkpoint: config.json (as transformers 5 writes it, with
+`rope_parameters` and `dtype`, or in the earlier layout with a top-level `rope_theta` and
+`torch_dtype`), safetensors (sharded with an index when asked), tokenizer.json and
+tokenizer_config.json with a chat template, and generation_config.json when given;
+transformers loads it too, which is how the benchmarks compare against `generate`.
 """
 from __future__ import annotations
 
@@ -29,15 +31,23 @@ CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['con
 
 def config_json(arch: str, vocab_size: int, hidden_size: int, intermediate_size: int, num_layers: int,
                 num_heads: int, num_kv_heads: int, head_dim: int, tie: bool, rope_theta: float,
-                bos_token_id: int, eos_token_id: int, max_position_embeddings: int = 8192) -> dict:
-    return {
+                bos_token_id: int, eos_token_id: int, max_position_embeddings: int = 8192,
+                rope_scaling: dict | None = None, layout: str = "transformers5") -> dict:
+    """rope_scaling: a RoPE type and its fields, e.g. {"rope_type": "yarn", "factor": 4.0}."""
+    cfg = {
         "architectures": [MODEL_TYPES[arch]], "model_type": arch, "vocab_size": vocab_size,
         "hidden_size": hidden_size, "intermediate_size": intermediate_size, "num_hidden_layers": num_layers,
         "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads, "head_dim": head_dim,
-        "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": rope_theta, "max_position_embeddings":
-        max_position_embeddings, "tie_word_embeddings": tie, "attention_bias": arch == "qwen2",
-        "bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "torch_dtype": "bfloat16",
+        "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": tie, "attention_bias": arch == "qwen2",
+        "bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
     }
+    if layout == "transformers5":
+        return {**cfg, "dtype": "bfloat16",
+                "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta, **(rope_scaling or {})}}
+    if layout == "transformers4":
+        return {**cfg, "torch_dtype": "bfloat16", "rope_theta": rope_theta, "rope_scaling": rope_scaling}
+    raise ValueError(f"layout must be transformers5 or transformers4, not {layout!r}")
 
 
 def random_tensors(cfg: dict, generator: torch.Generator, device: str, dtype: torch.dtype, init_std: float) -> dict:
@@ -104,13 +114,19 @@ def numbered_tokenizer(vocab_size: int, specials: list[str]) -> Tokenizer:
 
 def write_checkpoint(path: str | Path, shape: dict, tokenizer: Tokenizer, *, chat_template: str = CHATML,
                      bos: str | None = None, eos: str = "<|im_end|>", shards: int = 1, seed: int = 0,
-                     device: str = "cpu", dtype: torch.dtype = torch.bfloat16, init_std: float = 0.02) -> Path:
-    """init_std 0.02 is the HF default; tiny models need more to avoid repeating one token."""
+                     device: str = "cpu", dtype: torch.dtype = torch.bfloat16, init_std: float = 0.02,
+                     layout: str = "transformers5", rope_scaling: dict | None = None,
+                     generation: dict | None = None) -> Path:
+    """init_std 0.02 is the HF default; tiny models need more to avoid repeating one token.
+    generation: the contents of generation_config.json (none is written without it)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     bos_id = tokenizer.token_to_id(bos) if bos else None
-    cfg = config_json(**shape, bos_token_id=bos_id, eos_token_id=tokenizer.token_to_id(eos))
+    cfg = config_json(**shape, bos_token_id=bos_id, eos_token_id=tokenizer.token_to_id(eos),
+                      rope_scaling=rope_scaling, layout=layout)
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    if generation is not None:
+        (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
     generator = torch.Generator(device=device).manual_seed(seed)
     write_weights(path, random_tensors(cfg, generator, device, dtype, init_std), shards)
     write_tokenizer(path, tokenizer, chat_template, bos, eos)

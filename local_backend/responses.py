@@ -11,6 +11,7 @@ import orjson
 from aiohttp import web
 
 from local_backend.engine.llm_engine import Engine, Event
+from local_backend.engine.model_runner import Sample
 from local_backend.protocol import APIError
 from local_backend.sampling_params import SamplingParams
 from local_backend.text_stream import TextStream
@@ -52,8 +53,10 @@ class Generation:
 
     def advance(self, event: Event) -> str:
         """Consume one event; return the new text. Sets finish_reason when done."""
-        self.tokens += 1
-        delta = self.text.push(event.sample.token)
+        delta = ""
+        if event.sample is not None:
+            self.tokens += 1
+            delta = self.text.push(event.sample.token)
         if self.text.stopped:
             self.finish_reason = "stop"
         elif event.finish_reason:
@@ -72,15 +75,33 @@ def chat_logprob(gen: Generation, event: Event) -> dict:
     return {**entry(s.token, s.logprob), "top_logprobs": [entry(t, lp) for t, lp in s.top]}
 
 
-def completion_logprobs(gen: Generation, entries: list[Event]) -> dict:
-    tokens = [gen.token_text(e.sample.token) for e in entries]
-    offsets, at = [], 0
-    for t in tokens:
+def completion_logprobs(gen: Generation, entries: list[Event], prompt: list[int] = (),
+                        prompt_entries: list[Sample] = (), k: int = 0, start: int = 0, as_ids: bool = False) -> dict:
+    """OpenAI's legacy logprobs; with echo, the prompt's tokens lead (the first has no logprob).
+    as_ids (vLLM's return_tokens_as_token_ids) names each token "token_id:{id}"."""
+    name = (lambda t: f"token_id:{t}") if as_ids else gen.token_text
+    samples = [None] * (len(prompt) - len(prompt_entries)) + list(prompt_entries) + [e.sample for e in entries]
+    ids = list(prompt) + [e.sample.token for e in entries]
+    tokens = [name(t) for t in ids]
+    offsets, at = [], start
+    for t in ids:
         offsets.append(at)
-        at += len(t)
-    return {"tokens": tokens, "token_logprobs": [e.sample.logprob for e in entries],
-            "top_logprobs": [{gen.token_text(t): lp for t, lp in e.sample.top} for e in entries],
+        at += len(gen.token_text(t))
+    return {"tokens": tokens, "token_logprobs": [s and s.logprob for s in samples],
+            "top_logprobs": [s and {name(t): lp for t, lp in s.top[:k]} for s in samples],
             "text_offset": offsets}
+
+
+def vllm_prompt_logprobs(gen: Generation, prompt: list[int], entries: list[Sample], k: int) -> list:
+    """vLLM's `prompt_logprobs`: None for the first token, then {id: {logprob, rank, decoded_token}}
+    holding the prompt token and the k likeliest."""
+    out = [None] * (len(prompt) - len(entries))
+    for s in entries:
+        ranked = {t: (lp, rank) for rank, (t, lp) in enumerate(s.top[:k], 1)}
+        ranked.setdefault(s.token, (s.logprob, s.rank))
+        out.append({str(t): {"logprob": lp, "rank": rank, "decoded_token": gen.token_text(t)}
+                    for t, (lp, rank) in ranked.items()})
+    return out
 
 
 class Handler:
@@ -96,10 +117,14 @@ class Handler:
         self.id = self.id_prefix + secrets.token_hex(12)
         self.created = int(time.time())
         self.gen = Generation(engine, prompt, req.stop_list())
+        self.prompt_entries: list[Sample] = []   # the prompt's logprobs, when asked, from the first event
 
     def envelope(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model_name,
+        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model_name,
                 "system_fingerprint": self.engine.fingerprint, "seed": self.params.seed}
+        if self.params.defaults:   # the sampling parameters the model's generation_config.json supplied
+            body["sampling_defaults"] = dict(self.params.defaults)
+        return body
 
     def usage(self) -> dict:
         return {"prompt_tokens": len(self.prompt), "completion_tokens": self.gen.tokens,
@@ -112,13 +137,19 @@ class Handler:
         text, logprob_events = [], []
         async with contextlib.aclosing(events(self.engine, self.prompt, self.params)) as stream:
             async for event in stream:
+                self.prompt_entries = event.prompt_logprobs or self.prompt_entries
                 text.append(self.gen.advance(event))
-                logprob_events.append(event)
+                if event.sample is not None:
+                    logprob_events.append(event)
                 if self.gen.finish_reason:
                     break
         choice = self.choice("".join(text), logprob_events if self.params.logprobs is not None else None)
-        body = {**self.envelope(self.object_full), "choices": [choice], "usage": self.usage()}
+        body = {**self.envelope(self.object_full), "choices": [choice], **self.extra(), "usage": self.usage()}
         return json_response(body, headers=self.headers())
+
+    def extra(self) -> dict:
+        """Response-level fields beside the choices."""
+        return {}
 
     async def stream(self) -> web.StreamResponse:
         response = web.StreamResponse(headers={
@@ -132,8 +163,15 @@ class Handler:
         try:
             async with contextlib.aclosing(events(self.engine, self.prompt, self.params)) as stream:
                 async for event in stream:
+                    if event.prompt_logprobs is not None:
+                        self.prompt_entries = event.prompt_logprobs
+                    if self.gen.tokens == 0:
+                        lead = self.lead_chunk()
+                        if lead is not None:
+                            await self.send(response, lead)
                     delta = self.gen.advance(event)
-                    pending.append(event)
+                    if event.sample is not None:
+                        pending.append(event)
                     if delta:
                         await self.send(response, self.chunk(delta, pending if want_logprobs else None, None))
                         pending = []
@@ -151,6 +189,10 @@ class Handler:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    def lead_chunk(self) -> dict | None:
+        """A chunk sent once the first event is in, before any generated text (the echoed prompt)."""
+        return None
 
     async def send(self, response: web.StreamResponse, body: dict) -> None:
         await response.write(b"data: " + orjson.dumps(body) + b"\n\n")
@@ -173,6 +215,11 @@ class ChatHandler(Handler):
                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                              "logprobs": None, "finish_reason": None}]}
 
+    def extra(self) -> dict:
+        k = self.req.prompt_logprobs
+        return {} if k is None else {"prompt_logprobs": vllm_prompt_logprobs(self.gen, self.prompt,
+                                                                             self.prompt_entries, k)}
+
     def chunk(self, delta: str, logprob_events, finish_reason) -> dict:
         return {**self.envelope(self.object_chunk),
                 "choices": [{"index": 0, "delta": {"content": delta} if delta else {},
@@ -182,15 +229,43 @@ class ChatHandler(Handler):
 class CompletionHandler(Handler):
     object_full, object_chunk, id_prefix = "text_completion", "text_completion", "cmpl-"
 
-    def logprobs(self, logprob_events: list[Event] | None) -> dict | None:
-        return None if logprob_events is None else completion_logprobs(self.gen, logprob_events)
+    def logprobs(self, logprob_events: list[Event] | None, echo: bool = False) -> dict | None:
+        if logprob_events is None:
+            return None
+        as_ids = bool(self.req.return_tokens_as_token_ids)
+        if echo:
+            return completion_logprobs(self.gen, logprob_events, self.prompt, self.prompt_entries, self.req.logprobs,
+                                       as_ids=as_ids)
+        start = len(self.echo_text()) if self.req.echo else 0
+        return completion_logprobs(self.gen, logprob_events, k=self.req.logprobs, start=start, as_ids=as_ids)
+
+    def echo_text(self) -> str:
+        if isinstance(self.req.prompt, str):
+            return self.req.prompt
+        return self.engine.tokenizer.tok.decode(self.prompt, skip_special_tokens=False)
 
     def choice(self, text: str, logprob_events: list[Event] | None) -> dict:
-        return {"index": 0, "text": text, "logprobs": self.logprobs(logprob_events),
-                "finish_reason": self.gen.finish_reason}
+        choice = {"index": 0, "text": self.echo_text() + text if self.req.echo else text,
+                  "logprobs": self.logprobs(logprob_events, echo=bool(self.req.echo)),
+                  "finish_reason": self.gen.finish_reason}
+        if self.req.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(self.gen, self.prompt, self.prompt_entries,
+                                                             self.req.prompt_logprobs)
+        return choice
 
     def first_chunk(self) -> None:
         return None
+
+    def lead_chunk(self) -> dict | None:
+        if not self.req.echo and self.req.prompt_logprobs is None:
+            return None
+        choice = {"index": 0, "text": self.echo_text() if self.req.echo else "",
+                  "logprobs": self.logprobs([], echo=True) if self.req.echo and self.params.logprobs is not None
+                  else None, "finish_reason": None}
+        if self.req.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(self.gen, self.prompt, self.prompt_entries,
+                                                             self.req.prompt_logprobs)
+        return {**self.envelope(self.object_chunk), "choices": [choice]}
 
     def chunk(self, delta: str, logprob_events, finish_reason) -> dict:
         return {**self.envelope(self.object_chunk), "choices": [

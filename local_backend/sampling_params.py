@@ -13,3 +13,5 @@ class SamplingParams:
     top_k: int = 0             # 0: off
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob and the top k
     ignore_eos: bool = False
+    defaults: tuple[tuple[str, float | int], ...] = ()  # (name, value) from generation_config.json, for the response
+    prompt_logprobs: int | None = None  # None: none; k >= 0: every prompt token's logprob (but the first's) and top k

@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+import kernels
 from local_backend.engine.llm_engine import Engine
 from local_backend.protocol import APIError, ChatRequest, CompletionRequest, parse
 from local_backend.responses import ChatHandler, CompletionHandler, json_response, respond
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 ENGINE = web.AppKey("engine", Engine)
 MODEL_NAME = web.AppKey("model_name", str)
 MAX_BODY_BYTES = 16 << 20
+BACKEND_HEADER = "x-detgate-backend"   # on every response: this server is detgate's whitebox backend
 
 
 def new_seed() -> int:
@@ -67,21 +69,26 @@ def check_model(request: web.Request, model: str) -> None:
                        param="model", code="model_not_found")
 
 
-def sampling_params(req, engine: Engine, prompt_len: int, max_tokens: int | None, logprobs: int | None):
+def sampling_params(req, engine: Engine, prompt_len: int, max_tokens: int | None, logprobs: int | None,
+                    prompt_logprobs: int | None = None):
     if max_tokens is None:
         max_tokens = engine.max_model_len - prompt_len
     problem = engine.capacity_error(prompt_len, max_tokens)
     if problem:
         raise APIError(400, problem, param="messages" if isinstance(req, ChatRequest) else "prompt",
                        code="context_length_exceeded")
+    # generation_config.json's defaults fill what the request leaves unset; the response names them.
+    defaults = {name: value for name, value in engine.model_config.generation.defaults if getattr(req, name) is None}
     return SamplingParams(
         seed=new_seed() if req.seed is None else req.seed,
         max_tokens=max_tokens,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=max(req.top_k or 0, 0),
+        temperature=defaults.get("temperature", 1.0) if req.temperature is None else req.temperature,
+        top_p=defaults.get("top_p", 1.0) if req.top_p is None else req.top_p,
+        top_k=defaults.get("top_k", 0) if req.top_k is None else max(req.top_k, 0),
+        defaults=tuple(defaults.items()),
         logprobs=logprobs,
-        ignore_eos=bool(req.ignore_eos))
+        ignore_eos=bool(req.ignore_eos),
+        prompt_logprobs=prompt_logprobs)
 
 
 async def chat_completions(request: web.Request):
@@ -94,7 +101,7 @@ async def chat_completions(request: web.Request):
         raise APIError(400, str(e), param="messages") from None
     max_tokens = req.max_completion_tokens or req.max_tokens
     top = req.top_logprobs or 0
-    params = sampling_params(req, engine, len(prompt), max_tokens, top if req.logprobs else None)
+    params = sampling_params(req, engine, len(prompt), max_tokens, top if req.logprobs else None, req.prompt_logprobs)
     return await respond(ChatHandler(request, engine, request.app[MODEL_NAME], req, prompt, params))
 
 
@@ -111,15 +118,29 @@ async def completions(request: web.Request):
         prompt = list(req.prompt)
     if not prompt:
         raise APIError(400, "the prompt is empty after tokenization", param="prompt")
-    params = sampling_params(req, engine, len(prompt), req.max_tokens or 16, req.logprobs)
+    params = sampling_params(req, engine, len(prompt), 16 if req.max_tokens is None else req.max_tokens,
+                             req.logprobs, req.scored_prompt_logprobs())
     return await respond(CompletionHandler(request, engine, request.app[MODEL_NAME], req, prompt, params))
 
 
+def announcement(engine: Engine) -> dict:
+    """What this backend tells a gateway about itself, so that it picks the matching profile
+    unconfigured: `whitebox` where answers replay bit for bit (invariant mode); the vendor
+    kernels of standard mode do not, so there it asks to be treated as any other server."""
+    return {"profile": "whitebox" if engine.config.mode == "invariant" else "generic-openai-compatible",
+            "mode": engine.config.mode, "system_fingerprint": engine.fingerprint,
+            "kernel_version": kernels.KERNEL_VERSION}
+
+
 async def models(request: web.Request):
-    name = request.app[MODEL_NAME]
+    name, engine = request.app[MODEL_NAME], request.app[ENGINE]
     return json_response({"object": "list", "data": [
         {"id": name, "object": "model", "created": 0, "owned_by": "detgate",
-         "system_fingerprint": request.app[ENGINE].fingerprint}]})
+         "system_fingerprint": engine.fingerprint, "detgate": announcement(engine)}]})
+
+
+async def name_the_backend(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers[BACKEND_HEADER] = "whitebox"
 
 
 async def healthz(request: web.Request):
@@ -127,6 +148,7 @@ async def healthz(request: web.Request):
     alive = engine.alive
     body = {"status": "ok" if alive else "engine stopped", "model": request.app[MODEL_NAME],
             "system_fingerprint": engine.fingerprint, "toolchain": engine.toolchain, "mode": engine.config.mode,
+            "dtype": str(engine.dtype).removeprefix("torch."), "checkpoint_dtype": engine.model_config.dtype,
             "prefix_caching": engine.prefix_caching, "max_batch": engine.max_batch, "last_error": engine.last_error}
     return json_response(body, 200 if alive else 503)
 
@@ -148,6 +170,7 @@ def make_app(engine: Engine, model_name: str) -> web.Application:
     app[ENGINE] = engine
     app[MODEL_NAME] = model_name
     app.cleanup_ctx.append(engine_thread)
+    app.on_response_prepare.append(name_the_backend)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)

@@ -2,8 +2,9 @@
 
 The template is rendered the way transformers renders it: a sandboxed jinja2
 environment with trim_blocks/lstrip_blocks, the loopcontrols extension, a `tojson`
-that keeps non-ASCII text, and the globals templates expect (`raise_exception`,
-`strftime_now`, `bos_token`, `eos_token`, `add_generation_prompt`).
+that keeps non-ASCII text, and the variables templates expect (`raise_exception`,
+`strftime_now`, `bos_token`, `eos_token`, `add_generation_prompt`, and `tools` and
+`documents` as None: this server takes no tools).
 """
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 from tokenizers import Tokenizer as HFTokenizer
+
+from local_backend.errors import CheckpointError
+
+
+NO_TEMPLATE = ("this model has no chat template (no chat_template in tokenizer_config.json, no "
+               "chat_template.jinja); use /v1/completions")
 
 
 class TemplateError(ValueError):
@@ -48,17 +55,33 @@ def compile_template(source: str) -> jinja2.Template:
 class Tokenizer:
     def __init__(self, path: str | Path):
         path = Path(path)
-        self.tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        file = path / "tokenizer.json"
+        if not file.exists():
+            raise CheckpointError(f"{file}: no such file (only the fast tokenizer format is read)")
+        try:
+            self.tok = HFTokenizer.from_file(str(file))
+        except Exception as e:   # the tokenizers library raises its own exception types
+            raise CheckpointError(f"{file}: not a tokenizer ({e})") from None
         config_file = path / "tokenizer_config.json"
         config = json.loads(config_file.read_text()) if config_file.exists() else {}
         self.bos_token = _special(config.get("bos_token"))
         self.eos_token = _special(config.get("eos_token"))
-        source = config.get("chat_template")
+        source, where = config.get("chat_template"), f"{config_file}: chat_template"
         if isinstance(source, list):  # named templates: the "default" one serves chat
             source = {t["name"]: t["template"] for t in source}.get("default")
+            where += "[default]"
         if (path / "chat_template.jinja").exists():
-            source = (path / "chat_template.jinja").read_text()
-        self.template = compile_template(source) if source else None
+            source, where = (path / "chat_template.jinja").read_text(), str(path / "chat_template.jinja")
+        try:
+            self.template = compile_template(source) if source else None
+        except jinja2.TemplateSyntaxError as e:
+            raise CheckpointError(f"{where}: the chat template does not compile (line {e.lineno}: {e})") from None
+
+    def check_vocab(self, vocab_size: int, where: str) -> None:
+        """Refuse a tokenizer that can produce ids the model has no embedding for."""
+        biggest = max(self.tok.get_vocab(with_added_tokens=True).values(), default=-1)
+        if biggest >= vocab_size:
+            raise CheckpointError(f"tokenizer.json: token id {biggest} is past {where} vocab_size {vocab_size}")
 
     @property
     def eos_token_id(self) -> int | None:
@@ -66,10 +89,10 @@ class Tokenizer:
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if self.template is None:
-            raise TemplateError("this model has no chat template; use /v1/completions")
+            raise TemplateError(NO_TEMPLATE)
         try:
             return self.template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
+                messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         except TemplateError:
             raise

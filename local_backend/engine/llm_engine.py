@@ -16,17 +16,21 @@ import itertools
 import logging
 import queue
 import random
+import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
 
 import kernels
-from local_backend.config import EngineConfig, ModelConfig
+from kernels.attention_triton import attention_layout_problem
+from local_backend.config import EngineConfig, ModelConfig, settings_digest
 from local_backend.engine.block_manager import BlockManager
 from local_backend.engine.model_runner import ModelRunner, Sample
 from local_backend.engine.scheduler import Scheduler
 from local_backend.engine.sequence import Sequence
+from local_backend.errors import CheckpointError
 from local_backend.loader import load_weights
 from local_backend.metrics import Metrics
 from local_backend.models.llama import Llama
@@ -36,13 +40,18 @@ from local_backend.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 ACTIVATION_RESERVE_BYTES = 4 << 30   # prefill activations, logits, CUDA graphs
+# How long a thread may hold the GIL while another waits for it. The engine thread gives it
+# up on every GPU wait; at Python's default 5 ms it then idles the GPU behind the HTTP
+# handlers' token processing for up to that long each step.
+GIL_SWITCH_SECONDS = 0.0002
 
 
 @dataclasses.dataclass(frozen=True)
 class Event:
-    sample: Sample | None = None
+    sample: Sample | None = None       # None only when max_tokens is 0 (scoring a prompt)
     finish_reason: str | None = None   # "stop" | "length" on the last token
     error: str | None = None           # the step failed; no more events follow
+    prompt_logprobs: list[Sample] | None = None   # on the first event, when asked: prompt tokens 1..
 
 
 @dataclasses.dataclass
@@ -59,9 +68,13 @@ def device_arch(device: torch.device) -> str:
     return f"sm_{major}{minor}"
 
 
-def fingerprint(weights_digest: str, mode: str, dtype: torch.dtype, arch: str, toolchain: str) -> str:
-    # Everything that fixes the bits: the same kernels built by another Triton sum in another order.
-    parts = "|".join([weights_digest, kernels.KERNEL_VERSION, mode, str(dtype), arch, toolchain])
+def fingerprint(weights_digest: str, settings_digest: str, mode: str, dtype: torch.dtype, arch: str,
+                toolchain: str, chunk_size: int) -> str:
+    # Everything that fixes the bits: the same kernels built by another Triton sum in another order;
+    # the settings files (config, generation defaults, tokenizer, template) change what is computed;
+    # the reference kernels of the CPU path sum a prompt differently when it is cut elsewhere.
+    parts = "|".join([weights_digest, settings_digest, kernels.KERNEL_VERSION, mode, str(dtype), arch, toolchain,
+                      f"chunk {chunk_size}"])
     return "fp_" + hashlib.blake2b(parts.encode(), digest_size=8).hexdigest()
 
 
@@ -93,6 +106,11 @@ class Engine:
         kernels.set_mode(config.mode)
         self.model_config = cfg = ModelConfig.from_dir(config.model)
         self.tokenizer = Tokenizer(config.model)
+        self.tokenizer.check_vocab(cfg.vocab_size, "config.json")
+        if config.mode == "invariant" and gpu:
+            problem = attention_layout_problem(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+            if problem:
+                raise CheckpointError(f"{Path(config.model) / 'config.json'}: {problem}")
         eos = set(cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
@@ -100,11 +118,12 @@ class Engine:
         self.max_model_len = min(config.max_model_len, cfg.max_position_embeddings)
         weights, digest = load_weights(config.model, cfg, str(self.device), self.dtype)
         self.toolchain = kernels.toolchain(self.device)
-        self.fingerprint = fingerprint(digest, config.mode, self.dtype, device_arch(self.device), self.toolchain)
+        self.fingerprint = fingerprint(digest, settings_digest(config.model), config.mode, self.dtype,
+                                       device_arch(self.device), self.toolchain, config.chunk_size)
         model = Llama(cfg, weights, self.max_model_len)
         self.num_blocks = kv_block_count(config, cfg, self.device, self.dtype)
         self.runner = ModelRunner(model, self.num_blocks, config.block_size, self.max_model_len,
-                                  self.max_batch, config.cuda_graphs)
+                                  config.max_batch, config.max_batched_tokens, config.chunk_size, config.cuda_graphs)
         self.blocks = BlockManager(self.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.blocks, self.max_batch, config.max_batched_tokens, config.chunk_size)
         metrics.kv_blocks_total.set(self.num_blocks)
@@ -132,7 +151,9 @@ class Engine:
     def submit(self, prompt: list[int], params: SamplingParams) -> tuple[int, asyncio.Queue]:
         seq_id = next(self._ids)
         sink: asyncio.Queue = asyncio.Queue()
-        seq = Sequence(seq_id, list(prompt), len(prompt), params, use_prefix_cache=self.prefix_caching)
+        # Prompt logprobs need every prompt position computed, none served from the cache.
+        seq = Sequence(seq_id, list(prompt), len(prompt), params,
+                       use_prefix_cache=self.prefix_caching and params.prompt_logprobs is None)
         self._inbox.put(("add", seq, (asyncio.get_running_loop(), sink)))
         return seq_id, sink
 
@@ -144,6 +165,7 @@ class Engine:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
+        sys.setswitchinterval(GIL_SWITCH_SECONDS)
         self._thread = threading.Thread(target=self._loop, name="detgate-engine", daemon=True)
         self._thread.start()
 
@@ -183,7 +205,8 @@ class Engine:
 
     def _start_audit(self, audit: _Audit) -> None:
         seq_id = next(self._ids)
-        params = dataclasses.replace(audit.params, max_tokens=len(audit.served), ignore_eos=True)
+        params = dataclasses.replace(audit.params, max_tokens=len(audit.served), ignore_eos=True,
+                                     prompt_logprobs=None)
         seq = Sequence(seq_id, list(audit.prompt), len(audit.prompt), params, use_prefix_cache=False, alone=True)
         self._seqs[seq_id] = seq
         self._auditing[seq_id] = audit
@@ -196,7 +219,7 @@ class Engine:
         if not scheduled:
             return
         try:
-            samples = self.runner.step(scheduled)
+            output = self.runner.step(scheduled)
         except Exception as e:  # a failed step fails its requests, not the server
             log.exception("engine step failed")
             self.last_error = f"{type(e).__name__}: {e}"
@@ -206,29 +229,40 @@ class Engine:
             return
         sampled = [item.seq for item in scheduled if item.samples]
         self.scheduler.after_step(scheduled)
+        for seq_id, entries in output.prompt_logprobs.items():
+            self._seqs[seq_id].prompt_logprobs += entries
         outbox: dict[asyncio.AbstractEventLoop, list] = collections.defaultdict(list)
-        for seq, sample in zip(sampled, samples):
-            seq.token_ids.append(sample.token)
+        generated = 0
+        for seq, sample in zip(sampled, output.samples):
+            first = seq.num_generated == 0
             reason = None
-            if sample.token in self.eos_token_ids and not seq.params.ignore_eos:
-                reason = "stop"
-            elif seq.num_generated >= seq.params.max_tokens or len(seq) >= self.max_model_len:
-                reason = "length"
+            if seq.params.max_tokens == 0:   # scored, not generated: the draw is dropped
+                sample, reason = None, "length"
+            else:
+                seq.token_ids.append(sample.token)
+                generated += 1
+                if sample.token in self.eos_token_ids and not seq.params.ignore_eos:
+                    reason = "stop"
+                elif seq.num_generated >= seq.params.max_tokens or len(seq) >= self.max_model_len:
+                    reason = "length"
             sink = self._sinks.get(seq.seq_id)
             if sink is not None:
-                outbox[sink[0]].append((sink[1], Event(sample, reason)))
+                prompt = seq.prompt_logprobs if first and seq.params.prompt_logprobs is not None else None
+                outbox[sink[0]].append((sink[1], Event(sample, reason, prompt_logprobs=prompt)))
             if reason:
                 self._finish(seq)
         for loop, items in outbox.items():
             loop.call_soon_threadsafe(_deliver, items)
         m = self.metrics
-        m.generation_tokens.inc(len(samples))
+        m.generation_tokens.inc(generated)
         m.batch_size.observe(len(scheduled))
         m.kv_blocks_used.set(self.blocks.num_used)
         m.queue_depth.set(len(self.scheduler.waiting))
         m.prefix_queries.inc(self.blocks.queries - queries)
         m.prefix_hits.inc(self.blocks.hits - hits)
         m.step_duration.observe(time.perf_counter() - start)
+        for phase, seconds in output.gpu_seconds.items():
+            m.step_gpu_phase[phase].inc(seconds)
 
     def _emit(self, seq_id: int, event: Event) -> None:
         sink = self._sinks.get(seq_id)

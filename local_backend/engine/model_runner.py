@@ -1,24 +1,45 @@
 """Turns a scheduled step into tensors, runs the model over the paged KV cache, samples.
 
-Decode-only steps replay a CUDA graph captured at the next padded batch size and the
-next KV-length bound (attention may size its work by that bound, so one graph per
-power-of-two bound keeps short contexts cheap); padding rows write no KV (slot -1) and
-their outputs are dropped. Because the kernels are batch-invariant, a row's bits are the
-same whichever graph, or the eager path, served it.
+A step's inputs go to the GPU in one copy (step_inputs.py). Decode-only steps replay a
+CUDA graph captured at the next padded batch size and the next KV-length bound
+(attention may size its work by that bound, so one graph per power-of-two bound keeps
+short contexts cheap); padding rows write no KV (slot -1) and their outputs are dropped.
+In invariant mode, steps that prefill (alone or among decodes) replay a graph captured
+at the next power-of-two token count: an eager step launches some 300 Triton kernels,
+whose host cost is several times their GPU time at a chunk of 512 tokens. Its padding
+tokens form extra sequences of at most a chunk each and its unused sequence slots are
+empty; prefill
+attention does not size its launch by the KV bound, so one graph per token count does.
+The logits and the sampler (and the sampled tokens' logprobs, when a row asks) are a
+third graph per padded row count, replayed after whichever forward ran. Because the
+kernels are batch-invariant, a row's bits are the same whichever graph, or the eager
+path, served it. Standard mode keeps prefill and sampling eager: its attention gathers
+pages into a buffer sized by the KV bound (kernels/attention_vendor.py), which a graph
+for every prefill shape would hold for every sequence slot, and its torch sampler syncs
+with the host to decide on filtering, which no graph may do.
+
+Prompt logprobs (a prompt token's logprob given the tokens before it) are computed from
+the hidden states of the prefill chunk that holds the position before it, through the
+same logits and log-softmax as a sampled token's: scoring a finished sequence again
+gives its tokens the logprobs they were sampled with, bit for bit.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 
+import numpy as np
 import torch
 
 import kernels
 from kernels.sampling import row_filters
 from local_backend.engine.scheduler import Scheduled
+from local_backend.engine.step_inputs import StepInputs
 from local_backend.models.llama import AttentionBatch, Llama
 
 log = logging.getLogger(__name__)
+
+TOP_LOGPROBS = 20   # the most top_logprobs a request may ask for (protocol.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,11 +47,27 @@ class Sample:
     token: int
     logprob: float | None = None
     top: tuple[tuple[int, float], ...] = ()   # (token id, logprob), best first
+    rank: int | None = None                   # 1 + the tokens likelier than this one (prompt logprobs)
+
+
+@dataclasses.dataclass
+class StepOutput:
+    samples: list[Sample]                                  # one per item whose step reaches its last token
+    prompt_logprobs: dict[int, list[Sample]]               # seq_id -> this step's new entries
+    gpu_seconds: dict[str, float]                          # GPU time by phase ("forward", "sampler"); CUDA only
 
 
 def graph_batch_sizes(max_batch: int) -> list[int]:
     sizes = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(16, max_batch, 16))
     return sizes + [max_batch]
+
+
+def graph_token_counts(max_tokens: int, smallest: int = 64) -> list[int]:
+    counts = []
+    while smallest < max_tokens:
+        counts.append(smallest)
+        smallest *= 2
+    return counts + [max_tokens]
 
 
 def graph_kv_bounds(max_model_len: int, smallest: int = 256) -> list[int]:
@@ -41,9 +78,20 @@ def graph_kv_bounds(max_model_len: int, smallest: int = 256) -> list[int]:
     return bounds + [max_model_len]
 
 
+@dataclasses.dataclass
+class _Staged:
+    tokens: int
+    seqs: int
+    sampled: list                 # the Sequence of each sampled row, in row order
+    max_q_len: int
+    max_kv_len: int
+    filtered: bool                # some sampled row uses top-k / top-p
+    logprobs: bool                # some sampled row wants logprobs
+
+
 class ModelRunner:
     def __init__(self, model: Llama, num_blocks: int, block_size: int, max_model_len: int,
-                 max_batch: int, use_cuda_graphs: bool):
+                 max_batch: int, max_tokens: int, chunk_size: int, use_cuda_graphs: bool):
         cfg = model.cfg
         self.model = model
         self.device = model.w.embed.device
@@ -54,122 +102,281 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(cfg.num_layers)]
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}   # (batch, kv bound) -> graph
-        if use_cuda_graphs and self.device.type == "cuda":
-            self._capture(graph_batch_sizes(max_batch), graph_kv_bounds(max_model_len))
+        max_tokens = max(max_tokens, max_batch)
+        self.max_model_len, self.chunk_size = max_model_len, chunk_size
+        # A prefill graph's padding tokens are more sequences, of a chunk at most (as real ones).
+        self.pad_piece = min(chunk_size, max_model_len)
+        self.max_seqs = max_batch + -(-max_tokens // self.pad_piece)
+        self.inputs = StepInputs(self.max_seqs, max_tokens, self.max_blocks_per_seq, self.device)
+        # (sequence id, table length) each host table row holds: a decode step rewrites only the
+        # rows whose sequence moved or grew a block (most rows, most steps, are unchanged).
+        self.table_rows: list[tuple[int, int] | None] = [None] * self.max_seqs
+        self.hidden = torch.zeros(max_tokens, cfg.hidden_size, dtype=self.dtype, device=self.device)
+        gpu = self.device.type == "cuda"
+        # Where the sampled tokens (and their logprobs) land on the host: pinned, read after one event.
+        self.out_host = {name: torch.zeros(shape, dtype=dtype, pin_memory=gpu) for name, shape, dtype in (
+            ("tokens", (max_batch,), torch.int64), ("chosen", (max_batch,), torch.float32),
+            ("top_lp", (max_batch, TOP_LOGPROBS), torch.float32), ("top_ids", (max_batch, TOP_LOGPROBS), torch.int64))}
+        # Marks on the GPU's timeline: step start, forward done, sampler done. The last is also
+        # what the host waits on.
+        self.marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if gpu else None
+        self.stream = torch.cuda.current_stream(self.device) if gpu else None   # looked up once: ~30 us a call
+        self.forward_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}   # (batch, kv bound)
+        self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}                # tokens
+        self.head_graphs: dict[tuple[int, bool, bool], tuple] = {}   # (rows, filtered, logprobs) -> graph, outputs
+        self.graph_sizes = graph_batch_sizes(max_batch)
+        self.graph_bounds = graph_kv_bounds(max_model_len)
+        self.graph_tokens = graph_token_counts(max_tokens)
+        if use_cuda_graphs and gpu:
+            self._capture()
 
-    def _tensor(self, values, dtype):
-        t = torch.tensor(values, dtype=dtype, pin_memory=self.device.type == "cuda")
-        return t.to(self.device, non_blocking=True)
+    # ---- inputs --------------------------------------------------------------------
 
-    def _prepare(self, scheduled: list[Scheduled]):
-        bs = self.block_size
-        ids, positions, slots, cu, kv_lens, tables = [], [], [], [0], [], []
-        for item in scheduled:
+    def _pad(self, first_seq: int, seqs: int, first_token: int, tokens: int) -> None:
+        """Padding rows of a graph: one-token sequences that read position 0 and write no KV."""
+        h = self.inputs.host
+        h["cu_seqlens"][first_seq + 1:seqs + 1] = np.arange(first_token + 1, first_token + 1 + seqs - first_seq)
+        h["kv_lens"][first_seq:seqs] = 1
+        h["tables"][first_seq:seqs, 0] = 0
+        self.table_rows[first_seq:seqs] = [None] * (seqs - first_seq)
+        h["ids"][first_token:tokens] = 0
+        h["positions"][first_token:tokens] = 0
+        h["slots"][first_token:tokens] = -1
+
+    def _pad_prefill(self, seqs: int, tokens: int, size: int) -> None:
+        """A prefill graph's padding: tokens up to `size` as more sequences of pad_piece tokens
+        at most (positions 0.., no KV written), then empty sequences up to every slot."""
+        h, pad, piece = self.inputs.host, size - tokens, self.pad_piece
+        lens = [piece] * (pad // piece) + ([pad % piece] if pad % piece else [])
+        end = seqs + len(lens)
+        h["cu_seqlens"][seqs + 1:end + 1] = tokens + np.cumsum(lens, dtype=np.int64)
+        h["cu_seqlens"][end + 1:self.max_seqs + 1] = size
+        h["kv_lens"][seqs:end] = lens
+        h["kv_lens"][end:self.max_seqs] = 1
+        h["ids"][tokens:size] = 0
+        h["positions"][tokens:size] = np.arange(pad) % piece
+        h["slots"][tokens:size] = -1
+
+    def _pad_rows(self, first: int, rows: int) -> None:
+        """Padding rows of the sampler: greedy draws from hidden row 0, dropped."""
+        h = self.inputs.host
+        h["rows"][first:rows] = 0
+        h["seeds"][first:rows] = 0
+        h["steps"][first:rows] = 0
+        h["temperature"][first:rows] = 0.0
+        h["top_k"][first:rows] = 0
+        h["top_p"][first:rows] = 1.0
+
+    def _stage(self, scheduled: list[Scheduled]) -> _Staged:
+        """Write the step's inputs into the host buffer (not yet sent)."""
+        h, bs = self.inputs.host, self.block_size
+        ids, positions, slots, cu, kv_lens = [], [], [], [0], []
+        rows, sampled = [], []
+        tables, table_rows = h["tables"], self.table_rows
+        for i, item in enumerate(scheduled):
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_tokens
-            ids += seq.token_ids[start:end]
-            positions += range(start, end)
-            slots += (seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
+            table = seq.block_table
+            if item.num_tokens == 1:
+                ids.append(seq.token_ids[start])
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                ids += seq.token_ids[start:end]
+                p = np.arange(start, end)
+                positions.append(p)
+                slots.append(np.asarray(table)[p // bs] * bs + p % bs)
             cu.append(cu[-1] + item.num_tokens)
             kv_lens.append(end)
-            tables.append(seq.block_table)
-        width = max(len(t) for t in tables)
-        tables = [t + [0] * (width - len(t)) for t in tables]
-        batch = AttentionBatch(
-            slot_mapping=self._tensor(slots, torch.int64),
-            block_tables=self._tensor(tables, torch.int32),
-            cu_seqlens_q=self._tensor(cu, torch.int32),
-            kv_lens=self._tensor(kv_lens, torch.int32),
-            max_q_len=max(item.num_tokens for item in scheduled),
-            max_kv_len=max(kv_lens))
-        return self._tensor(ids, torch.int64), self._tensor(positions, torch.int64), batch
+            if table_rows[i] != (seq.seq_id, len(table)):
+                tables[i, :len(table)] = table
+                table_rows[i] = (seq.seq_id, len(table))
+            if end == len(seq.token_ids):   # the step reaches the last token: it samples
+                rows.append(cu[-1] - 1)
+                sampled.append(seq)
+        t, s = cu[-1], len(scheduled)
+        h["ids"][:t] = ids
+        h["positions"][:t] = np.hstack(positions) if len(positions) != t else positions
+        h["slots"][:t] = np.hstack(slots) if len(slots) != t else slots
+        h["cu_seqlens"][:s + 1] = cu
+        h["kv_lens"][:s] = kv_lens
+        n = len(rows)
+        p = [seq.params for seq in sampled]
+        h["rows"][:n] = rows
+        h["seeds"][:n] = [x.seed for x in p]
+        h["steps"][:n] = [len(seq.token_ids) - seq.num_prompt_tokens for seq in sampled]
+        h["temperature"][:n] = [x.temperature for x in p]
+        h["top_k"][:n] = [x.top_k for x in p]
+        h["top_p"][:n] = [x.top_p for x in p]
+        vocab = self.model.cfg.vocab_size
+        return _Staged(t, s, sampled, max(item.num_tokens for item in scheduled), max(kv_lens),
+                       # Known here from the requests' parameters, without a device sync.
+                       filtered=any(row_filters(x.temperature, x.top_k, x.top_p, vocab) for x in p),
+                       logprobs=any(x.logprobs is not None for x in p))
 
-    def _capture(self, sizes: list[int], kv_bounds: list[int]) -> None:
-        n = max(sizes)
-        self.g_ids = torch.zeros(n, dtype=torch.int64, device=self.device)
-        self.g_pos = torch.zeros(n, dtype=torch.int64, device=self.device)
-        self.g_slots = torch.full((n,), -1, dtype=torch.int64, device=self.device)
-        self.g_tables = torch.zeros(n, self.max_blocks_per_seq, dtype=torch.int32, device=self.device)
-        self.g_cu = torch.arange(n + 1, dtype=torch.int32, device=self.device)
-        self.g_kv_lens = torch.ones(n, dtype=torch.int32, device=self.device)
-        self.g_out = torch.zeros(n, self.model.cfg.hidden_size, dtype=self.dtype, device=self.device)
-        self.graph_sizes, self.graph_bounds = sorted(sizes), sorted(kv_bounds)
-        pool = None
-        for bound in sorted(kv_bounds, reverse=True):
-            for b in sorted(sizes, reverse=True):
-                batch = AttentionBatch(self.g_slots[:b], self.g_tables[:b], self.g_cu[:b + 1], self.g_kv_lens[:b],
-                                       max_q_len=1, max_kv_len=bound)
-                args = (self.g_ids[:b], self.g_pos[:b], self.kv_caches, batch)
-                self.g_out[:b] = self.model.forward(*args)      # warm-up: compile kernels outside capture
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self.g_out[:b] = self.model.forward(*args)
-                pool = graph.pool()
-                self.graphs[b, bound] = graph
-        torch.cuda.synchronize()
-        log.info("captured %d decode CUDA graphs: batch sizes %s x KV bounds %s",
-                 len(self.graphs), self.graph_sizes, self.graph_bounds)
+    # ---- the forward pass ----------------------------------------------------------
 
-    def _decode_graph(self, scheduled: list[Scheduled]) -> torch.Tensor | None:
-        if not self.graphs or any(item.num_tokens != 1 for item in scheduled):
+    def _batch(self, seqs: int, tokens: int, max_q_len: int, max_kv_len: int):
+        d = self.inputs.dev
+        batch = AttentionBatch(d["slots"][:tokens], d["tables"][:seqs], d["cu_seqlens"][:seqs + 1],
+                               d["kv_lens"][:seqs], max_q_len=max_q_len, max_kv_len=max_kv_len)
+        return d["ids"][:tokens], d["positions"][:tokens], self.kv_caches, batch
+
+    def _forward_graph(self, staged: _Staged) -> tuple[int, int] | None:
+        """(padded batch, KV bound) of the decode graph that serves this step, if one does."""
+        size = next((s for s in self.graph_sizes if s >= staged.seqs), None)
+        if not self.forward_graphs or staged.max_q_len != 1 or size is None:
             return None
-        b = len(scheduled)
-        size = min((s for s in self.graph_sizes if s >= b), default=None)
-        if size is None:
+        return size, next(x for x in self.graph_bounds if x >= staged.max_kv_len)
+
+    def _prefill_graph(self, staged: _Staged) -> int | None:
+        """The padded token count of the prefill graph that serves this step, if one does."""
+        if staged.max_q_len == 1 or not self.prefill_graphs:
             return None
-        kv_len = max(item.seq.num_computed_tokens + 1 for item in scheduled)
-        bound = min(x for x in self.graph_bounds if x >= kv_len)
-        ids, pos, batch = self._prepare(scheduled)
-        self.g_ids[:b] = ids
-        self.g_pos[:b] = pos
-        self.g_slots[:b] = batch.slot_mapping
-        self.g_slots[b:size] = -1
-        self.g_tables[:b, :batch.block_tables.shape[1]] = batch.block_tables
-        self.g_kv_lens[:b] = batch.kv_lens
-        self.g_kv_lens[b:size] = 1
-        self.graphs[size, bound].replay()
-        return self.g_out[:b]
+        return next((t for t in self.graph_tokens if t >= staged.tokens), None)
+
+    def _head_graph(self, staged: _Staged) -> tuple[int, bool, bool] | None:
+        n = len(staged.sampled)
+        key = (next((s for s in self.graph_sizes if s >= n), 0), staged.filtered, staged.logprobs)
+        return key if n and key in self.head_graphs else None
+
+    # ---- logits, sampling, logprobs ------------------------------------------------
+
+    def _head(self, n: int, filtered: bool, logprobs: bool):
+        """Tokens of hidden rows `rows[:n]`; with logprobs, each token's and the top TOP_LOGPROBS."""
+        d = self.inputs.dev
+        logits = self.model.logits(self.hidden.index_select(0, d["rows"][:n]))
+        tokens = kernels.sample(logits, d["seeds"][:n], d["steps"][:n], d["temperature"][:n], d["top_k"][:n],
+                                d["top_p"][:n], filtered=filtered)
+        if not logprobs:
+            return (tokens,)
+        lp = kernels.log_softmax(logits)
+        top_lp, top_ids = torch.topk(lp, min(TOP_LOGPROBS, lp.shape[-1]), dim=-1)
+        return tokens, lp.gather(1, tokens.unsqueeze(1)).squeeze(1), top_lp, top_ids
+
+    def _samples(self, staged: _Staged, host: list[torch.Tensor]) -> list[Sample]:
+        """Samples from the outputs as they landed on the host."""
+        tokens = host[0].tolist()
+        if not staged.logprobs:
+            return [Sample(t) for t in tokens]
+        chosen, top_lp, top_ids = (x.tolist() for x in host[1:])
+        out = []
+        for i, (seq, t) in enumerate(zip(staged.sampled, tokens)):
+            k = seq.params.logprobs
+            out.append(Sample(t) if k is None else Sample(t, chosen[i], tuple(zip(top_ids[i][:k], top_lp[i][:k]))))
+        return out
+
+    def _mark(self, i: int) -> None:
+        if self.marks is not None:
+            self.marks[i].record(self.stream)
+
+    def _wait(self) -> dict[str, float]:
+        """Wait for the GPU (which also keeps the host buffers from being rewritten under a copy
+        still queued); the GPU time of the step's phases."""
+        if self.marks is None:
+            return {}
+        self.marks[2].synchronize()   # releases the GIL while the GPU works: the HTTP side runs meanwhile
+        start, forward, end = self.marks
+        return {"forward": start.elapsed_time(forward) / 1e3, "sampler": forward.elapsed_time(end) / 1e3}
+
+    def _prompt_logprobs(self, scheduled: list[Scheduled]) -> dict[int, list[Sample]]:
+        """Logprobs of the prompt tokens whose preceding position this step computed, for the
+        sequences that ask; positions scored before a preemption are not scored again."""
+        out, row = {}, 0
+        for item in scheduled:
+            seq = item.seq
+            start, first = seq.num_computed_tokens, row
+            row += item.num_tokens
+            k = seq.params.prompt_logprobs
+            if k is None:
+                continue
+            lo = max(start, len(seq.prompt_logprobs))            # position p scores token p + 1
+            hi = min(start + item.num_tokens, seq.num_prompt_tokens - 1)
+            if hi <= lo:
+                continue
+            lp = kernels.log_softmax(self.model.logits(self.hidden[first + lo - start:first + hi - start]))
+            targets = torch.tensor(seq.token_ids[lo + 1:hi + 1], device=self.device).unsqueeze(1)
+            chosen = lp.gather(1, targets)
+            rank = (lp > chosen).sum(dim=1) + 1
+            top_lp, top_ids = torch.topk(lp, max(k, 1), dim=-1)
+            chosen, rank, top_lp, top_ids = (x.tolist() for x in (chosen.squeeze(1), rank, top_lp, top_ids))
+            out[seq.seq_id] = [Sample(t, c, tuple(zip(ids[:k], lps[:k])), r) for t, c, r, ids, lps in
+                               zip(seq.token_ids[lo + 1:hi + 1], chosen, rank, top_ids, top_lp)]
+        return out
 
     @torch.inference_mode()
-    def step(self, scheduled: list[Scheduled]) -> list[Sample]:
-        """Run one step; one Sample per scheduled item whose step reaches its last token."""
-        hidden = self._decode_graph(scheduled)
-        if hidden is None:
-            ids, positions, batch = self._prepare(scheduled)
-            hidden = self.model.forward(ids, positions, self.kv_caches, batch)
-        ends, rows = [], []
-        end = 0
-        for item in scheduled:
-            end += item.num_tokens
-            if item.samples:
-                ends.append(end - 1)
-                rows.append(item.seq)
-        if not rows:
-            return []
-        logits = self.model.logits(hidden[self._tensor(ends, torch.int64)])
-        p = [s.params for s in rows]
-        tokens = kernels.sample(
-            logits,
-            self._tensor([x.seed for x in p], torch.int64),
-            self._tensor([s.num_generated for s in rows], torch.int64),
-            self._tensor([x.temperature for x in p], torch.float32),
-            self._tensor([x.top_k for x in p], torch.int32),
-            self._tensor([x.top_p for x in p], torch.float32),
-            # Known here from the requests' parameters, without a device sync.
-            filtered=any(row_filters(x.temperature, x.top_k, x.top_p, logits.shape[-1]) for x in p))
-        want = [i for i, x in enumerate(p) if x.logprobs is not None]
-        if not want:
-            return [Sample(t) for t in tokens.tolist()]
-        return self._with_logprobs(logits, tokens, want, [p[i].logprobs for i in want])
+    def step(self, scheduled: list[Scheduled]) -> StepOutput:
+        staged = self._stage(scheduled)
+        forward, prefill, head = self._forward_graph(staged), self._prefill_graph(staged), self._head_graph(staged)
+        if forward:
+            self._pad(staged.seqs, forward[0], staged.tokens, forward[0])
+        if prefill:
+            self._pad_prefill(staged.seqs, staged.tokens, prefill)
+        if head:
+            self._pad_rows(len(staged.sampled), head[0])
+        self.inputs.upload(forward[0] if forward else self.max_seqs if prefill else staged.seqs)
+        self._mark(0)
+        if forward:
+            self.forward_graphs[forward].replay()
+        elif prefill:
+            self.prefill_graphs[prefill].replay()
+        else:
+            args = self._batch(staged.seqs, staged.tokens, staged.max_q_len, staged.max_kv_len)
+            self.hidden[:staged.tokens].copy_(self.model.forward(*args))
+        self._mark(1)
+        outputs = ()
+        if head:
+            graph, outputs = self.head_graphs[head]
+            graph.replay()
+        elif staged.sampled:
+            outputs = self._head(len(staged.sampled), staged.filtered, staged.logprobs)
+        n = len(staged.sampled)
+        host = [self.out_host[name][:n] for name in ("tokens", "chosen", "top_lp", "top_ids")[:len(outputs)]]
+        for h, out in zip(host, outputs):
+            h.copy_(out[:n], non_blocking=True)
+        self._mark(2)
+        prompt = self._prompt_logprobs(scheduled)
+        gpu_seconds = self._wait()
+        return StepOutput(self._samples(staged, host) if n else [], prompt, gpu_seconds)
 
-    def _with_logprobs(self, logits, tokens, want, ks) -> list[Sample]:
-        index = self._tensor(want, torch.int64)
-        lp = kernels.log_softmax(logits[index])
-        chosen = lp.gather(1, tokens[index].unsqueeze(1)).squeeze(1)
-        top_lp, top_ids = torch.topk(lp, max(max(ks), 1), dim=-1)
-        tokens, chosen, top_lp, top_ids = tokens.tolist(), chosen.tolist(), top_lp.tolist(), top_ids.tolist()
-        out = [Sample(t) for t in tokens]
-        for j, (i, k) in enumerate(zip(want, ks)):
-            out[i] = Sample(tokens[i], chosen[j], tuple(zip(top_ids[j][:k], top_lp[j][:k])))
-        return out
+    # ---- CUDA graphs ---------------------------------------------------------------
+
+    def _capture(self) -> None:
+        n = max(self.graph_sizes)
+        self._pad(0, n, 0, n)
+        self._pad_rows(0, n)
+        self.inputs.upload(n)
+        pool = None
+        for bound in sorted(self.graph_bounds, reverse=True):
+            for b in sorted(self.graph_sizes, reverse=True):
+                args = self._batch(b, b, 1, bound)
+                self.hidden[:b].copy_(self.model.forward(*args))     # warm-up: compile kernels outside capture
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.hidden[:b].copy_(self.model.forward(*args))
+                pool = graph.pool()
+                self.forward_graphs[b, bound] = graph
+        if kernels.get_mode() == "invariant":
+            for t in sorted(self.graph_tokens, reverse=True):
+                self._pad_prefill(0, 0, t)
+                self.inputs.upload(self.max_seqs)
+                args = self._batch(self.max_seqs, t, self.chunk_size, self.max_model_len)
+                self.hidden[:t].copy_(self.model.forward(*args))
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.hidden[:t].copy_(self.model.forward(*args))
+                self.prefill_graphs[t] = graph
+        # Standard mode's torch sampler syncs with the host, which no graph may do.
+        if kernels.get_mode() == "invariant":
+            for b in sorted(self.graph_sizes, reverse=True):
+                for filtered in (False, True):
+                    for logprobs in (False, True):
+                        self._head(b, filtered, logprobs)
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph, pool=pool):
+                            outputs = self._head(b, filtered, logprobs)
+                        self.head_graphs[b, filtered, logprobs] = graph, outputs
+        torch.cuda.synchronize()
+        log.info("captured %d decode CUDA graphs (batch sizes %s x KV bounds %s), %d prefill graphs (tokens %s) "
+                 "and %d sampler graphs", len(self.forward_graphs), self.graph_sizes, self.graph_bounds,
+                 len(self.prefill_graphs), sorted(self.prefill_graphs), len(self.head_graphs))

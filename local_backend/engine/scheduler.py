@@ -63,19 +63,23 @@ class Scheduler:
     def schedule(self) -> list[Scheduled]:
         out: list[Scheduled] = []
         budget = self.max_batched_tokens
+        block_size = self.blocks.block_size
         for seq in list(self.running):
             if seq.status is not Status.RUNNING:   # preempted to make room for an earlier one
                 continue
             n = seq.next_chunk(self.chunk_size)
             if n > budget:
                 continue
-            while not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
-                victim = self.running[-1]
-                self._preempt(victim)
-                if victim is seq:
-                    break
+            # Most steps most sequences fit in the blocks they hold: nothing to look up.
+            if seq.num_computed_tokens + n > len(seq.block_table) * block_size:
+                while not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    if victim is seq:
+                        break
+                if seq.status is Status.RUNNING:
+                    self.blocks.grow(seq, seq.num_computed_tokens + n)
             if seq.status is Status.RUNNING:
-                self.blocks.grow(seq, seq.num_computed_tokens + n)
                 out.append(Scheduled(seq, n))
                 budget -= n
         while self.waiting and len(self.running) < self.max_batch and not any(s.alone for s in self.running):
@@ -96,6 +100,9 @@ class Scheduler:
         return out
 
     def after_step(self, scheduled: list[Scheduled]) -> None:
+        block_size = self.blocks.block_size
         for item in scheduled:
-            item.seq.num_computed_tokens += item.num_tokens
-            self.blocks.register_computed(item.seq)
+            seq = item.seq
+            seq.num_computed_tokens += item.num_tokens
+            if seq.num_computed_tokens // block_size > len(seq.block_hashes):   # a block filled up
+                self.blocks.register_computed(seq)

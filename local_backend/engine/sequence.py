@@ -25,6 +25,7 @@ class Sequence:
     num_computed_tokens: int = 0   # tokens whose K/V are in the cache
     block_table: list[int] = dataclasses.field(default_factory=list)
     block_hashes: list[int] = dataclasses.field(default_factory=list)  # chained hashes of full computed blocks
+    prompt_logprobs: list = dataclasses.field(default_factory=list)    # Samples of prompt tokens 1.., as scored
 
     def __len__(self) -> int:
         return len(self.token_ids)

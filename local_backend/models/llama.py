@@ -1,17 +1,16 @@
 """One decoder for Llama, Qwen2 and Qwen3: they differ only in qkv bias and q/k RMSNorm.
 
 Every reduction (matmul, RMSNorm, attention, the logits) goes through `kernels`, whose
-invariant mode makes a row's bits independent of the batch around it. What stays in
-plain torch is elementwise (embedding gather, RoPE, SiLU*mul, residual add), which is
-batch-invariant by nature.
+invariant mode makes a row's bits independent of the batch around it. The rest is
+elementwise and batch-invariant by nature: the embedding gather in torch, RoPE (fused with
+the q/k norms and the KV write) and SiLU*mul in one launch each, the residual adds inside
+the norms. Fused or not, each of them gives the same bits.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
-import torch.nn.functional as F
 
 import kernels
 from kernels.norm import rms_norm_residual
@@ -27,6 +26,7 @@ class AttentionBatch:
     kv_lens: torch.Tensor        # [S] int32, cached prefix + this step's tokens
     max_q_len: int
     max_kv_len: int
+    plan: object = None          # kernels.attention_plan of the above, shared by every layer
 
 
 @dataclasses.dataclass
@@ -50,72 +50,39 @@ class Weights:
     lm_head: torch.Tensor        # [H, V]
 
 
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    d = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    scaling = cfg.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind in (None, "default"):
-        return inv_freq
-    if kind != "llama3":
-        raise ValueError(f"unsupported rope_scaling {scaling}")
-    # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
-    factor = scaling["factor"]
-    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-    old_len = scaling["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq
-    smooth = (old_len / wavelen - low) / (high - low)
-    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    out = torch.where(wavelen > old_len / low, inv_freq / factor, blended)
-    return torch.where(wavelen < old_len / high, inv_freq, out)
-
-
 class Llama:
     def __init__(self, cfg: ModelConfig, weights: Weights, max_positions: int):
         self.cfg = cfg
         self.w = weights
         device = weights.embed.device
-        inv_freq = rope_inv_freq(cfg)
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
-        self.cos = angles.cos().float().to(device)   # [P, D/2]
-        self.sin = angles.sin().float().to(device)
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), cfg.rope.inv_freq(cfg.head_dim))
+        self.cos = (angles.cos() * cfg.rope.attention_factor).float().to(device)   # [P, D/2]
+        self.sin = (angles.sin() * cfg.rope.attention_factor).float().to(device)
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim ** -0.5
 
-    def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # Rotate-half (GPT-NeoX) layout, as in the HF Llama/Qwen checkpoints.
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
-
     def attention(self, layer: Layer, x, positions, kv_cache, batch: AttentionBatch):
         cfg, t = self.cfg, x.shape[0]
         qkv = kernels.matmul(x, layer.qkv, layer.qkv_bias)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(t, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
-        v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q = kernels.rms_norm(q.reshape(-1, cfg.head_dim), layer.q_norm, cfg.rms_norm_eps).view_as(q)
-            k = kernels.rms_norm(k.reshape(-1, cfg.head_dim), layer.k_norm, cfg.rms_norm_eps).view_as(k)
-        q, k = self.rope(q, positions), self.rope(k, positions)
         k_cache, v_cache = kv_cache
-        kernels.store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        # Rotate-half (GPT-NeoX) RoPE, as in the HF Llama/Qwen checkpoints; Qwen3 norms q and k first.
+        q = kernels.rope_store_kv(qkv, positions, self.cos, self.sin, k_cache, v_cache, batch.slot_mapping,
+                                  cfg.num_heads, cfg.num_kv_heads, layer.q_norm, layer.k_norm, cfg.rms_norm_eps)
         o = kernels.paged_attention(
             q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens_q, batch.kv_lens, self.scale,
-            max_q_len=batch.max_q_len, max_kv_len=batch.max_kv_len)
+            max_q_len=batch.max_q_len, max_kv_len=batch.max_kv_len, plan=batch.plan)
         return kernels.matmul(o.reshape(t, self.q_size), layer.o)
 
     def mlp(self, layer: Layer, x):
-        gate, up = kernels.matmul(x, layer.gate_up).chunk(2, dim=-1)
-        return kernels.matmul(F.silu(gate) * up, layer.down)
+        return kernels.matmul(kernels.silu_mul(kernels.matmul(x, layer.gate_up)), layer.down)
 
     def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
         """Hidden states [T, H] after the final norm, one row per input token."""
         eps = self.cfg.rms_norm_eps
         layers = self.w.layers
+        batch = dataclasses.replace(batch, plan=kernels.attention_plan(
+            kv_caches[0][0], batch.block_tables, batch.kv_lens, batch.max_kv_len))
         # Each residual add is fused into the norm that follows it: h carries the stream.
         h = self.w.embed[input_ids]
         x = kernels.rms_norm(h, layers[0].input_norm, eps)

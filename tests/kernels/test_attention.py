@@ -174,9 +174,11 @@ def _reference_rows(target, block_size, device, rows_per_call=1024):
 # -- CPU (interpreter) at tiny sizes; also runs on a GPU ---------------------------------------
 
 # G = 16: a decode query's rows span both halves of a 16-row group, so no _pair_rows there.
+# G = 3, 5, 7 do not divide a tile's rows: its last rows are padding, and a decode query's
+# rows may straddle the two halves of a 16-row group.
 @pytest.mark.parametrize("G,block_size,dtype", [
     (1, 16, torch.float16), (4, 64, torch.float16), (8, 16, torch.float16), (16, 16, torch.float16),
-    (4, 16, torch.float32)])
+    (4, 16, torch.float32), (3, 16, torch.float16), (5, 64, torch.float16), (7, 16, torch.float32)])
 def test_rows_are_bit_invariant_and_accurate(G, block_size, dtype, device, gen):
     if device == "cuda" and dtype == torch.float32:
         pytest.skip("fp32 dots run as tf32 on the GPU; the GPU test covers bf16")
@@ -234,9 +236,34 @@ def test_public_entry_point_matches_reference_in_each_mode(mode, device, gen):
     assert _rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
+@pytest.mark.parametrize("G", [1, 3, 4])
+def test_cpu_backend_path_matches_reference(G, gen, monkeypatch):
+    """Without the interpreter the CPU backend runs one SDPA call per sequence: a mixed batch
+    (prefill, chunk over a cached prefix, decode; pages consecutive and shuffled) against the
+    fp64 reference."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # set under the CPU suite, absent on a GPU
+    h_kv, D, block_size = 2, 32, 16
+    kv_lens, q_lens = [150, 61, 9, 40], [150, 20, 1, 1]
+    num_blocks = sum(-(-n // block_size) for n in kv_lens)
+    kc, vc = torch.randn(2, num_blocks, block_size, h_kv, D, generator=gen)
+    order = list(range(10)) + torch.randperm(num_blocks - 10, generator=gen).add(10).tolist()  # first: in order
+    width, tables, used = max(-(-n // block_size) for n in kv_lens), [], 0
+    for n in kv_lens:
+        pages = order[used: used + -(-n // block_size)]
+        used += len(pages)
+        tables.append(pages + [num_blocks + 99] * (width - len(pages)))
+    q = torch.randn(sum(q_lens), G * h_kv, D, generator=gen)
+    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    args = (q, kc, vc, torch.tensor(tables, dtype=torch.int32), cu, torch.tensor(kv_lens, dtype=torch.int32))
+    out = paged_attention(*args)
+    ref = paged_attention_reference(*(a.double() if a.is_floating_point() else a for a in args),
+                                    compute_dtype=torch.float64)
+    assert _rel_err(out, ref) < 1e-6
+
+
 # -- GPU at real sizes, bf16 ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("G,block_size", [(1, 16), (4, 16), (8, 64)])
+@pytest.mark.parametrize("G,block_size", [(1, 16), (4, 16), (8, 64), (3, 16)])
 def test_rows_are_bit_invariant_at_real_sizes(G, block_size, gpu, gen):
     target, rows = _invariance(G, block_size, torch.bfloat16, "cuda", gen, length=GPU_LENGTH,
                                other_len=GPU_LENGTH, scenarios=6, max_others=12, H_kv=8 if G < 8 else 4, D=128)

@@ -48,7 +48,8 @@ class ReferenceModel:
             if c["model_type"] == "qwen3":
                 q = self.norm(q, p + "self_attn.q_norm.weight")
                 k = self.norm(k, p + "self_attn.k_norm.weight")
-            q, k = self.rotate(q, pos, c["rope_theta"]), self.rotate(k, pos, c["rope_theta"])
+            theta = (c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta"))   # either layout
+            q, k = self.rotate(q, pos, theta), self.rotate(k, pos, theta)
             k = k.repeat_interleave(hq // hkv, dim=1)
             v = v.repeat_interleave(hq // hkv, dim=1)
             att = torch.einsum("qhd,khd->hqk", q, k) / d ** 0.5 + mask

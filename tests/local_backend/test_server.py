@@ -158,7 +158,9 @@ BAD = [
     ("/v1/chat/completions", b'{"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}', 404, "model"),
     ("/v1/completions", b'{"model": "qwen3", "prompt": [1, -5]}', 400, "prompt"),
     ("/v1/completions", b'{"model": "qwen3", "prompt": ["a", "b"]}', 400, "prompt"),
-    ("/v1/completions", b'{"model": "qwen3", "prompt": "hi", "echo": true}', 400, "echo"),
+    ("/v1/completions", b'{"model": "qwen3", "prompt": "hi", "suffix": "!"}', 400, "suffix"),
+    ("/v1/completions", b'{"model": "qwen3", "prompt": "hi", "max_tokens": 0}', 400, "max_tokens"),
+    ("/v1/completions", b'{"model": "qwen3", "prompt": "hi", "prompt_logprobs": 21}', 400, "prompt_logprobs"),
     ("/v1/nowhere", b"{}", 404, None),
 ]
 

@@ -1,0 +1,96 @@
+"""Two savings on a decode step, measured for speed and for bits before either is taken.
+
+1. Decode matmul tiles. At one row, the weight read is the whole cost, and without split-K
+   the N tiles are all the parallelism: N = 1024 gives the shipped 16x32 tile 32 programs
+   on 132 SMs, each walking K with 8 loads in flight. Candidates: more stages (pipelining
+   only), 16-wide tiles (twice the programs), the pointer kernel. Each is timed at M = 1
+   on the 0.6B and 8B layer shapes (CUDA-graph replays, weights rotated past the L2) and
+   its bits compared with the shipped dispatch on 300 rows.
+2. Sampling from bf16 logits. The engine upcasts the LM head's bf16 logits to fp32 before
+   the sampler (at batch 256 a 120 us copy); the sampler and log_softmax take bf16 too.
+   Whether they give the same bits from the bf16 logits as from their fp32 upcast decides
+   whether the copy can go without moving a token or a logprob.
+
+    python3 bench/kernels_decode_options.py [--out bench/results]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import kernels  # noqa: E402
+from kernels.matmul import CONFIGS, _matmul_triton  # noqa: E402
+from kernels_dense import gpu_us, rotating  # noqa: E402
+
+SHAPES = {"0.6B qkv": (1024, 4096), "0.6B o": (2048, 1024), "0.6B gate_up": (1024, 6144), "0.6B down": (3072, 1024),
+          "0.6B lm_head": (1024, 151936), "8B qkv": (4096, 6144), "8B o": (4096, 4096), "8B gate_up": (4096, 28672),
+          "8B down": (14336, 4096)}
+CANDIDATES = [(16, 32, 4, 8, "tma"), (16, 32, 4, 12, "tma"), (16, 32, 4, 16, "tma"), (16, 16, 4, 8, "tma"),
+              (16, 16, 4, 16, "tma"), (16, 32, 4, 8, "pointer"), (16, 16, 4, 12, "pointer")]
+
+
+def matmuls() -> list[dict]:
+    rows = []
+    for name, (K, N) in SHAPES.items():
+        weights = rotating(lambda: torch.randn(N, K, device="cuda", dtype=torch.bfloat16), N * K * 2)
+        probe_a, probe_w = torch.randn(300, K, device="cuda", dtype=torch.bfloat16), weights()
+        reference = kernels.matmul(probe_a, probe_w.t())
+        a = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+        shipped = gpu_us(lambda: kernels.matmul(a, weights().t()), target_ms=1, replays=7)
+        row = {"shape": name, "K": K, "N": N, "shipped_us": round(shipped, 2),
+               "floor_us": round(N * K * 2 / 3.0e12 * 1e6, 2), "candidates": []}
+        for config in CANDIDATES:
+            try:
+                same = torch.equal(_matmul_triton(probe_a, probe_w.t(), None, config), reference)
+                us = gpu_us(lambda: _matmul_triton(a, weights().t(), None, config), target_ms=1, replays=7)
+                row["candidates"].append({"config": config, "us": round(us, 2), "same_bits": same})
+            except Exception as exc:   # out of shared memory and the like
+                row["candidates"].append({"config": config, "error": str(exc)[:120]})
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def sampler_dtype() -> dict:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    b, v = 256, 151936
+    logits = (torch.randn(b, v, device="cuda", generator=g) * 3).to(torch.bfloat16)
+    seeds = torch.arange(b, device="cuda") * 7919
+    steps = torch.arange(b, device="cuda") % 5
+    temperature = torch.full((b,), 0.8, device="cuda")
+    top_k = torch.tensor([0, 50] * (b // 2), dtype=torch.int32, device="cuda")
+    top_p = torch.tensor([1.0, 0.9, 0.5, 1.0] * (b // 4), device="cuda")
+    out = {}
+    for name, fn in (("sample", lambda x: kernels.sample(x, seeds, steps, temperature, top_k, top_p)),
+                     ("sample greedy", lambda x: kernels.sample(x, seeds, steps, temperature * 0, top_k, top_p)),
+                     ("log_softmax", kernels.log_softmax), ("argmax", kernels.argmax)):
+        out[name] = torch.equal(fn(logits), fn(logits.float()))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args()
+    res = {"gpu": torch.cuda.get_device_name(), "decode_config": CONFIGS["decode"], "matmuls": matmuls(),
+           "sampler_bf16_equals_fp32": sampler_dtype()}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels_decode_options.json").write_text(json.dumps(res, indent=1))
+    print("| shape | floor us | shipped us | " + " | ".join(f"{c[0]}x{c[1]} s{c[3]} {c[4]}" for c in CANDIDATES) + " |")
+    print("|---" * (3 + len(CANDIDATES)) + "|")
+    for r in res["matmuls"]:
+        cells = [f"{c['us']}{'' if c['same_bits'] else ' (bits differ)'}" if "us" in c else "error"
+                 for c in r["candidates"]]
+        print(f"| {r['shape']} | {r['floor_us']} | {r['shipped_us']} | " + " | ".join(cells) + " |")
+    print("sampler from bf16 logits equals from their fp32 upcast:", res["sampler_bf16_equals_fp32"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""One launch from the qkv projection to attention's inputs: per-head q/k RMSNorm (Qwen3),
+rotate-half RoPE, and the KV-cache write, bit for bit what the separate steps give.
+
+The separate steps were a norm launch for q and one for k, a dozen torch elementwise
+launches for RoPE and a KV-cache write: at decode, where a layer's weights take a few
+microseconds to read, those launches set the pace. Fused, every value still takes
+the same roundings:
+- the norm is kernels/norm.py's row arithmetic statement for statement, with the same
+  block, warps and FMA contraction, and its bf16 result is stored before RoPE reads it
+  back, so the sum of squares is reduced exactly as the norm kernel reduces it;
+- RoPE is torch's fp32 `x1*cos - x2*sin, x2*cos + x1*sin`, each product rounded on its
+  own (mul.rn, which no FMA contraction touches), then one rounding to the cache dtype;
+- v is copied. A slot of -1 (padding) writes neither k nor v.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.mode import interpreting
+from kernels.norm import _warps
+from kernels.toolchain import FP_FUSION
+
+
+@triton.jit
+def _mul_rn(a, b, ASM: tl.constexpr):
+    # An explicitly rounded product: with FMA contraction on (which the norm needs), a
+    # plain a * b could be fused into the subtraction that follows it.
+    if ASM:
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return a * b
+
+
+@triton.jit
+def _rope_store_kernel(
+    qkv_ptr, q_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+    H, HALF, eps,
+    stride_t, stride_qt, stride_qh, stride_cos, stride_cb, stride_cp, stride_ch,
+    HQ: tl.constexpr, HKV: tl.constexpr, PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    NORM: tl.constexpr, ASM: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    slot = tl.load(slot_ptr + t)
+    src = qkv_ptr + t * stride_t + head * H
+    cache = (slot // PAGE) * stride_cb + (slot % PAGE) * stride_cp + ((head - HQ) % HKV) * stride_ch
+    if head < HQ:
+        dst = q_ptr + t * stride_qt + head * stride_qh
+    elif head < HQ + HKV:
+        dst = k_cache_ptr + cache
+    else:
+        dst = v_cache_ptr + cache
+    if (head < HQ) | (slot >= 0):
+        cols = tl.arange(0, BLOCK_H)
+        mask = cols < H
+        if head >= HQ + HKV:
+            tl.store(dst + cols, tl.load(src + cols, mask=mask).to(dst.dtype.element_ty), mask=mask)
+        else:
+            rope_src = src
+            if NORM:
+                if head < HQ:
+                    w_ptr = q_norm_ptr
+                else:
+                    w_ptr = k_norm_ptr
+                x = tl.load(src + cols, mask=mask, other=0.0)
+                xf = x.to(tl.float32)
+                rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / H + eps)
+                w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                tl.store(dst + cols, (xf * rstd * w).to(dst.dtype.element_ty), mask=mask)
+                tl.debug_barrier()   # every thread's normed elements stored before any is read back
+                rope_src = dst
+            j = tl.arange(0, BLOCK_HALF)
+            half = j < HALF
+            pos = tl.load(pos_ptr + t)
+            c = tl.load(cos_ptr + pos * stride_cos + j, mask=half, other=0.0)
+            s = tl.load(sin_ptr + pos * stride_cos + j, mask=half, other=0.0)
+            x1 = tl.load(rope_src + j, mask=half, other=0.0).to(tl.float32)
+            x2 = tl.load(rope_src + HALF + j, mask=half, other=0.0).to(tl.float32)
+            o1 = _mul_rn(x1, c, ASM) - _mul_rn(x2, s, ASM)
+            o2 = _mul_rn(x2, c, ASM) + _mul_rn(x1, s, ASM)
+            # Each thread writes back only the elements it read: no barrier needed here.
+            tl.store(dst + j, o1.to(dst.dtype.element_ty), mask=half)
+            tl.store(dst + HALF + j, o2.to(dst.dtype.element_ty), mask=half)
+
+
+def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D] rotated by cos, sin [T, 1, D/2] (fp32), rotate-half layout, in torch."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def rope_store_kv_reference(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,
+                            q_norm=None, k_norm=None, eps=1e-6) -> torch.Tensor:
+    """The unfused steps: per-head norms through kernels.rms_norm, RoPE in torch, kernels.store_kv."""
+    from kernels.attention import store_kv
+    from kernels.norm import rms_norm
+    t, d = qkv.shape[0], k_cache.shape[-1]
+    q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+    q, k, v = q.reshape(t, num_heads, d), k.reshape(t, num_kv_heads, d), v.reshape(t, num_kv_heads, d)
+    if q_norm is not None:
+        q = rms_norm(q.reshape(-1, d), q_norm, eps).view_as(q)
+        k = rms_norm(k.reshape(-1, d), k_norm, eps).view_as(k)
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    q, k = rope_reference(q, c, s), rope_reference(k, c, s)
+    store_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q
+
+
+def rope_store_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,
+                  q_norm=None, k_norm=None, eps=1e-6) -> torch.Tensor:
+    """qkv [T, (Hq + 2 Hkv) * D] (rows may be strided) -> q [T, Hq, D] normed and rotated; k
+    (normed, rotated) and v written to the caches [blocks, block_size, Hkv, D] at slot_mapping.
+
+    cos, sin: [positions, D/2] fp32 tables; positions int64 [T]. q_norm / k_norm: [D] weights
+    of a per-head RMSNorm before RoPE, or None. Both kernel modes run the fused kernel on
+    CUDA (and under the interpreter); elsewhere the unfused torch steps run.
+    """
+    t = qkv.shape[0]
+    d = k_cache.shape[-1]
+    if not (qkv.is_cuda or interpreting()):
+        return rope_store_kv_reference(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                                       num_heads, num_kv_heads, q_norm, k_norm, eps)
+    assert qkv.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    assert d % 2 == 0 and cos.stride(1) == 1 and cos.stride() == sin.stride()
+    q = torch.empty(t, num_heads, d, dtype=qkv.dtype, device=qkv.device)
+    if t == 0:
+        return q
+    norm = q_norm is not None
+    block_h = triton.next_power_of_2(d)
+    _rope_store_kernel[(t, num_heads + 2 * num_kv_heads)](
+        qkv, q, q_norm if norm else qkv, k_norm if norm else qkv, cos, sin, positions, slot_mapping,
+        k_cache, v_cache,
+        d, d // 2, eps,
+        qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0), *k_cache.stride()[:3],
+        HQ=num_heads, HKV=num_kv_heads, PAGE=k_cache.shape[1], BLOCK_H=block_h,
+        BLOCK_HALF=triton.next_power_of_2(d // 2), NORM=norm, ASM=qkv.is_cuda,
+        num_warps=_warps(block_h), enable_fp_fusion=FP_FUSION,
+    )
+    return q

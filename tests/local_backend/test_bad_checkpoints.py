@@ -1,0 +1,141 @@
+"""Checkpoints the backend cannot serve fail at start, with a message naming the file and the field."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from conftest import SPECIALS, bpe_tokenizer, make_engine, tiny_shape
+from kernels.attention_triton import attention_layout_problem
+from local_backend.cli import main
+from local_backend.errors import CheckpointError
+from local_backend.random_checkpoint import write_checkpoint
+
+
+@pytest.fixture
+def copy(checkpoints, tmp_path):
+    """A fresh copy of one of the session's checkpoints, to break."""
+    def make(arch):
+        return shutil.copytree(checkpoints[arch], tmp_path / arch)
+    return make
+
+
+def edit_json(path, **fields):
+    data = json.loads(path.read_text())
+    data.update(fields)
+    path.write_text(json.dumps(data))
+
+
+def test_missing_shard_names_the_index_and_the_file(copy):
+    path = copy("llama")
+    (path / "model-00002-of-00003.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="model.safetensors.index.json: weight_map names "
+                                              "model-00002-of-00003.safetensors, missing from"):
+        make_engine(path)
+
+
+def test_missing_tensor_names_the_tensor_and_the_files(copy):
+    path = copy("qwen2")
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="tensor model.layers.1.mlp.up_proj.weight is in none of "
+                                              "model.safetensors"):
+        make_engine(path)
+
+
+def test_unknown_architecture_names_the_field(copy):
+    path = copy("qwen3")
+    edit_json(path / "config.json", architectures=["MixtralForCausalLM"])
+    with pytest.raises(CheckpointError, match=r"config.json: architectures \['MixtralForCausalLM'\] unsupported"):
+        make_engine(path)
+
+
+def test_vocab_and_embedding_sizes_must_agree(copy):
+    path = copy("qwen3")
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    edit_json(path / "config.json", vocab_size=vocab + 64)
+    with pytest.raises(CheckpointError, match=rf"model.safetensors: tensor model.embed_tokens.weight is "
+                                              rf"\[{vocab}, 64\], but config.json \(vocab_size, hidden_size\) "
+                                              rf"makes it \[{vocab + 64}, 64\]"):
+        make_engine(path)
+
+
+def test_a_tokenizer_past_the_vocabulary_is_refused(copy):
+    path = copy("qwen3")
+    biggest = max(json.loads((path / "tokenizer.json").read_text())["model"]["vocab"].values())
+    edit_json(path / "config.json", vocab_size=biggest)
+    with pytest.raises(CheckpointError,
+                       match=f"tokenizer.json: token id {biggest} is past config.json vocab_size {biggest}"):
+        make_engine(path)
+
+
+def test_untied_head_must_be_in_the_checkpoint(copy):
+    path = copy("qwen3")   # written tied: no lm_head.weight
+    edit_json(path / "config.json", tie_word_embeddings=False)
+    with pytest.raises(CheckpointError, match="tie_word_embeddings is false, but lm_head.weight is in none of"):
+        make_engine(path)
+
+
+def test_a_template_that_does_not_compile_fails_at_start(copy):
+    path = copy("qwen2")
+    (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }")
+    with pytest.raises(CheckpointError, match=r"chat_template.jinja: the chat template does not compile \(line 1"):
+        make_engine(path)
+
+
+async def test_chat_without_a_template_names_the_field(copy):
+    from conftest import Server
+    path = copy("qwen3")
+    edit_json(path / "tokenizer_config.json", chat_template=None)
+    async with Server(make_engine(path), "qwen3") as s:
+        r = await s.client.completions.create(model="qwen3", prompt="hello", max_tokens=2)
+        assert r.usage.completion_tokens == 2
+        with pytest.raises(Exception, match="no chat_template in tokenizer_config.json, no chat_template.jinja"):
+            await s.client.chat.completions.create(model="qwen3", messages=[{"role": "user", "content": "x"}])
+
+
+def test_command_line_prints_the_reason_and_exits(copy, capsys):
+    path = copy("qwen3")
+    edit_json(path / "config.json", rope_parameters={"rope_type": "su", "rope_theta": 1e4})
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(path), "--device", "cpu"])
+    assert e.value.code == 2
+    assert "config.json: rope_parameters.rope_type 'su' is not implemented" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim, problem", [
+    (9, 3, 64, None), (15, 5, 64, None), (35, 5, 128, None), (28, 4, 128, None), (32, 32, 128, None),
+    (64, 1, 128, None), (65, 1, 64, "65 query heads per KV head"), (12, 4, 96, "head_dim 96"),
+    (10, 4, 64, "not a multiple")])
+def test_head_layouts_the_gpu_kernels_run(heads, kv_heads, head_dim, problem):
+    got = attention_layout_problem(heads, kv_heads, head_dim)
+    assert got is None if problem is None else problem in got
+
+
+def test_any_gqa_group_decodes_like_the_reference_on_the_cpu(tmp_path):
+    from reference import ReferenceModel
+    tok = bpe_tokenizer(SPECIALS["qwen2"], None)
+    shape = {**tiny_shape("qwen2", 384), "num_heads": 6, "num_kv_heads": 2, "hidden_size": 96}   # group 3
+    path = write_checkpoint(tmp_path / "g3", shape, tok, init_std=0.3, seed=5)
+    engine = make_engine(path)
+    prompt = engine.tokenizer.encode("The quick brown fox jumps", add_special_tokens=True)
+    expected, _ = ReferenceModel(path).greedy(prompt, 8)
+    assert engine_greedy(engine, prompt, 8) == expected
+
+
+def engine_greedy(engine, prompt, n):
+    from local_backend.engine.sequence import Sequence
+    from local_backend.sampling_params import SamplingParams
+    seq = Sequence(0, list(prompt), len(prompt), SamplingParams(seed=0, max_tokens=n, temperature=0.0,
+                                                               ignore_eos=True), use_prefix_cache=False)
+    engine.scheduler.add(seq)
+    while seq.num_generated < n:
+        scheduled = engine.scheduler.schedule()
+        samples = engine.runner.step(scheduled).samples
+        engine.scheduler.after_step(scheduled)
+        seq.token_ids.extend(s.token for s in samples)
+    engine.scheduler.remove(seq)
+    return seq.token_ids[len(prompt):]
