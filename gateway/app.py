@@ -22,9 +22,9 @@ from gateway.cache.storing import FINISHES, StoreRules
 from gateway.config import Settings
 from gateway.ingress.auth import Tenants
 from gateway.ingress.expect import expect_continue
-from gateway.ingress.header_safety import make_headers_safe
+from gateway.ingress.header_safety import finish_headers
 from gateway.ingress.limits import TenantLimiter
-from gateway.ingress.middlewares import errors, label_cache, observe
+from gateway.ingress.middlewares import errors, observe
 from gateway.ingress.proxy import proxy
 from gateway.ops import endpoints
 from gateway.ops.logs import AccessLog
@@ -47,6 +47,8 @@ from gateway.upstream.client import UpstreamClient
 from gateway.upstream.resilience import Resilience
 
 log = logging.getLogger("detgate")
+
+ACCESS_LOG_BUFFER = 64 * 1024
 
 
 class ConfigError(Exception):
@@ -75,10 +77,12 @@ def create_app(settings: Settings) -> web.Application:
                        ((name, t.refresh) for name, t in settings.tenants.items()))
     app[TENANTS] = Tenants.from_settings(settings)
     app[PREPARED] = PreparedMemo()
-    app[ACCESS_LOG] = AccessLog(sys.stderr.buffer if logging.getLogger("detgate.access").isEnabledFor(logging.INFO) else None)
+    logged = logging.getLogger("detgate.access").isEnabledFor(logging.INFO)
+    # Buffered here: the interpreter's own stderr stream underneath is unbuffered.
+    app[ACCESS_LOG] = AccessLog(open(sys.stderr.fileno(), "wb", buffering=ACCESS_LOG_BUFFER, closefd=False)
+                                if logged else None)
     app.cleanup_ctx.append(_resources)
-    app.on_response_prepare.append(label_cache)
-    app.on_response_prepare.append(make_headers_safe)
+    app.on_response_prepare.append(finish_headers)
     app.cleanup_ctx.append(watch)
     for surface in SURFACES.values():
         app.router.add_post("/v1" + surface.path, cached_route(surface), name=surface.name,
@@ -130,7 +134,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     limiter = None
     if settings.rate_limits:
         limiter = TenantLimiter(settings, redis_client, lambda exc: metrics.cache_errors.labels("ratelimit").inc())
-    app[GATEWAY] = Gateway(store, flights, Chains(flights, app[SECRET]), UpstreamClient(session, metrics, Resilience(settings, metrics)), limiter)
+    client = UpstreamClient(session, metrics, Resilience(settings, metrics))
+    app[GATEWAY] = Gateway(store, flights, Chains(flights, app[SECRET]), client, limiter)
     log.info("detgate ready: %d upstream(s) %s, store %s", len(settings.upstreams),
              ", ".join(f"{u.name}={u.url}" for u in settings.upstreams), "redis" if settings.redis_url else "in-process")
     try:
@@ -139,3 +144,4 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         await flights.close()
         await session.close()
         await store.close()
+        app[ACCESS_LOG].close()

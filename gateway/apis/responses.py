@@ -224,6 +224,7 @@ class Responses(Surface):
     path = "/responses"
     sampling = frozenset({"temperature", "top_p"})
     checks_schemas = True
+    chains = True
 
     def validate(self, body: Any) -> None:
         check(_REQUEST, body)

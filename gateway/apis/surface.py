@@ -73,6 +73,7 @@ class Surface:
     # Request headers that change the answer: forwarded upstream and part of the key.
     keyed_headers: tuple[str, ...] = ()
     checks_schemas = False  # whether answers can be schema-checked (x-detgate-schema, tools)
+    chains = False  # whether answers name themselves (`answer_id`), so that a later request may continue one
 
     # ---- the request
 

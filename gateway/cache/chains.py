@@ -30,12 +30,17 @@ _OWNER = "chains"  # a fill-lock owner no one holds: commit then only writes
 
 
 class Chains:
-    MEMO = 4096  # links known stored, so that a hot hit writes nothing
+    MEMO = 4096  # links known stored, so that a hot hit writes nothing and reads no body
 
     def __init__(self, flights: SingleFlight, secret: bytes) -> None:
         self.flights = flights
         self.secret = secret
-        self._written: dict[tuple[Tenant, str, str], None] = {}
+        self._written: dict[tuple[Tenant, str, str], None] = {}  # by (tenant, upstream, answer id)
+        self._keys: dict[tuple[Tenant, str, str], None] = {}  # by (tenant, upstream, entry key)
+
+    def known(self, tenant: Tenant, upstream: str, key: str) -> bool:
+        """Whether the link of the entry stored under `key` is known stored for `tenant`."""
+        return (tenant, upstream, key) in self._keys
 
     def _key(self, tenant: Tenant, upstream: str, answer: str) -> str:
         # The tenant's name as well as its namespace: tenants that share entries still
@@ -62,9 +67,10 @@ class Chains:
         value = Entry(key.encode(), None, entry.model, LINK, expires_ms=expires)
         await self.flights.store.commit(link, self.flights.sealer.seal(link, value), _OWNER,
                                         ttl_ms=expires - now if expires is not None else 0)
-        if len(self._written) >= self.MEMO:
-            del self._written[next(iter(self._written))]
-        self._written[seen] = None
+        for memo, item in ((self._written, seen), *(((self._keys, (tenant, upstream, key)),) if key else ())):
+            if len(memo) >= self.MEMO:
+                del memo[next(iter(memo))]
+            memo[item] = None
 
     async def parent(self, tenant: Tenant, upstream: str, answer: str) -> str | None:
         """The key the answer `answer` is stored under ("" for one served unstored); None for

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 import logging
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from gateway.config import SHARED_NAMESPACE, Settings, UpstreamConfig
 from gateway.errors import ApiError
@@ -31,9 +31,9 @@ class Tenant:
     refresh: bool = False  # may send x-detgate-cache-control no-cache / no-store
 
 
-@dataclass(frozen=True)
-class Credentials:
-    """What a request presents, as sent: hashable, so preparation can be remembered by it."""
+class Credentials(NamedTuple):
+    """What a request presents, as sent: hashable, so preparation can be remembered by it (a
+    tuple, built and hashed on every cache hit)."""
 
     authorization: str | None = None
     account: tuple[tuple[str, str], ...] = ()  # ACCOUNT_HEADERS sent, lower-cased names

@@ -51,17 +51,11 @@ async def errors(request: web.Request, handler) -> web.StreamResponse:
                                             type="server_error", code="internal_error", status=500))
 
 
-async def label_cache(request: web.Request, response: web.StreamResponse) -> None:
-    """Every response says how the cache took part, as README promises: a route that set no
-    label (the proxy, health, an error before any lookup) did not use the cache."""
-    response.headers.setdefault("x-detgate-cache", request.get(CACHE, "bypass"))
-
-
 @web.middleware
 async def observe(request: web.Request, handler) -> web.StreamResponse:
     metrics = request.app[METRICS]
     started = time.perf_counter()
-    metrics.inflight.inc()
+    metrics.in_flight += 1
     status = 500
     try:
         response = await handler(request)
@@ -69,7 +63,7 @@ async def observe(request: web.Request, handler) -> web.StreamResponse:
         return response
     finally:
         elapsed = time.perf_counter() - started
-        metrics.inflight.dec()
+        metrics.in_flight -= 1
         route = request.match_info.route.name or "unmatched"
         cache = request.get(CACHE, "bypass")
         model = request.get(MODEL, "")

@@ -1,6 +1,7 @@
 """Logging as one JSON object per line, so the access log is machine-readable as it stands."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import BinaryIO
@@ -33,15 +34,32 @@ class AccessLog:
     """One JSON line per request, written straight to a binary stream.
 
     Kept apart from `logging` because building a LogRecord per request costs more than the
-    rest of a cache hit; the line has the same shape as every other log line.
+    rest of a cache hit; the line has the same shape as every other log line. Lines are
+    flushed at most FLUSH_S after they are written (and when the app shuts down), not one
+    write to the file descriptor per request, which alone cost a hit about a sixth of its CPU.
     """
+
+    FLUSH_S = 0.25
 
     def __init__(self, stream: BinaryIO | None) -> None:
         self.stream = stream  # None: access logging off
+        self._flush_due = False
 
     def write(self, fields: dict) -> None:
         if self.stream is None:
             return
         line = {"ts": round(time.time(), 6), "level": "info", "logger": "detgate.access", **fields}
         self.stream.write(orjson.dumps(line, default=str) + b"\n")
-        self.stream.flush()
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_later(self.FLUSH_S, self.flush)
+
+    def flush(self) -> None:
+        self._flush_due = False
+        if self.stream is not None and not self.stream.closed:
+            self.stream.flush()
+
+    def close(self) -> None:
+        """At shutdown: what is still buffered is written."""
+        if self.stream is not None:
+            self.stream.close()

@@ -8,6 +8,7 @@ time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import orjson
 
@@ -29,9 +30,9 @@ from gateway.policy.routing import route as pick_upstream
 from gateway.strategies.single import Call
 
 
-@dataclass(frozen=True)
-class Asked:
-    """What of a request's headers preparation reads, hashable for the memo."""
+class Asked(NamedTuple):
+    """What of a request's headers preparation reads: the memo's key, with the body (a
+    tuple, built and hashed on every cache hit)."""
 
     credentials: Credentials = Credentials()
     keyed: tuple[tuple[str, str], ...] = ()  # the surface's keyed headers that were sent, lower-cased names

@@ -44,7 +44,8 @@ async def answer(request: web.Request, tenant: Tenant, surface: Surface, flight:
         except UpstreamError as exc:
             return upstream_error(exc, surface, {**headers, "x-detgate-cache": cache})
         cache = settle(request, outcome, cache, headers)
-        await own(request, tenant, surface, outcome.entry, cache if outcome.stored else "bypass")
+        if surface.chains:
+            await own(request, tenant, surface, outcome.entry, cache if outcome.stored else "bypass")
         return respond(request, surface, outcome.entry, view, cache, headers)
     return await _stream_live(request, tenant, surface, flight, cache, view, headers)
 
@@ -67,7 +68,8 @@ async def _stream_live(request: web.Request, tenant: Tenant, surface: Surface, f
             # Headers are gone: the failure can only be told in-band, as the providers do.
             await response.write(surface.in_band_error(exc))
             return response
-        await own(request, tenant, surface, outcome.entry, cache if outcome.stored else "bypass")
+        if surface.chains:
+            await own(request, tenant, surface, outcome.entry, cache if outcome.stored else "bypass")
         await response.write(surface.stream_end(outcome.entry, view))
     except ConnectionResetError:
         pass  # the client left; the flight goes on and is stored if it completes

@@ -58,7 +58,8 @@ def cache_control(value: str | None) -> str | None:
 def asked(request: web.Request, surface: Surface) -> Asked:
     headers = request.headers
     # A header sent on several lines is one comma-separated list (RFC 9110), not its first line.
-    keyed = tuple((name, ", ".join(headers.getall(name))) for name in surface.keyed_headers if name in headers)
+    keyed = tuple((name, ", ".join(headers.getall(name))) for name in surface.keyed_headers
+                  if name in headers) if surface.keyed_headers else ()
     return Asked(Credentials.of(headers), keyed,
                  Hints(headers.get("x-detgate-mode"), headers.get("x-detgate-vote"), headers.get("x-detgate-schema")),
                  headers.get("x-detgate-canonical"))
@@ -105,7 +106,8 @@ def cached_route(surface: Surface):
         found = await find_or_fly(request, key, call, control,
                                    _producer(call, gateway.client, drift, prepared.model, headers), headers)
         if isinstance(found, Entry):
-            await own(request, prepared.tenant, surface, found, "hit")
+            if surface.chains:
+                await own(request, prepared.tenant, surface, found, "hit")
             return respond(request, surface, found, prepared.view, "hit", headers)
         _flag_hidden(request, call, headers)
         return await answer(request, prepared.tenant, surface, *found, prepared.view, headers)

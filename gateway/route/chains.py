@@ -66,11 +66,14 @@ async def own(request: web.Request, tenant: Tenant, surface: Surface, entry: Ent
     """Record that `tenant` was served `entry`, so that a later request of its own may
     continue it (Surface.answer_id); before the answer's end goes out, which a client may
     act on at once."""
+    chains = request.app[GATEWAY].chains
+    stored = request[KEY] if cache != "bypass" else ""
+    if stored and chains.known(tenant, request[UPSTREAM], stored):
+        return  # a hot hit: its link is written, and its body need not be read again
     answer = surface.answer_id(entry.body)
     if answer is None:
         return
-    stored = request[KEY] if cache != "bypass" else ""
     try:
-        await request.app[GATEWAY].chains.served(tenant, request[UPSTREAM], answer, stored, entry)
+        await chains.served(tenant, request[UPSTREAM], answer, stored, entry)
     except StoreError:
         request.app[METRICS].cache_errors.labels("put").inc()
