@@ -36,7 +36,7 @@ import orjson
 from pydantic import Field, StrictBool, StrictInt, StrictStr, TypeAdapter
 
 from gateway.apis.surface import NotAnAnswer, Recorder, Surface, View
-from gateway.apis.validation import Number, Open, check
+from gateway.apis.validation import Number, Open
 from gateway.cache.entry import Entry
 from gateway.errors import ANTHROPIC_ERRORS, UpstreamError
 from gateway.policy import canonical as c
@@ -46,6 +46,7 @@ from gateway.strategies.schema_check import (
     listing,
     validate,
 )
+from gateway.strategies.vote import tool_calls_text
 
 # Sent when the client names none: the API refuses a request without one.
 ANTHROPIC_VERSION = "2023-06-01"
@@ -343,12 +344,9 @@ class AnthropicMessages(Surface):
     sampling = frozenset({"temperature", "top_p", "top_k"})
     keyed_headers = ("anthropic-version", "anthropic-beta")
     checks_schemas = True
-
-    def validate(self, body: Any) -> None:
-        check(_REQUEST, body)
-
-    def canonical(self, body: dict, text: bool) -> c.Canonical:
-        return c.canonicalize(body, _BODY, text, _UNKEYED)
+    request = _REQUEST
+    fields = _BODY
+    unkeyed = _UNKEYED
 
     def uncached(self, body: dict) -> str | None:
         if body.get("container") is not None:
@@ -414,10 +412,7 @@ class AnthropicMessages(Surface):
         """The tool uses as canonical JSON when there are any, else the text blocks joined."""
         uses = _tool_uses(response)
         if uses:
-            try:
-                return c.canonical_json([{"name": b.get("name"), "input": b.get("input")} for _, b in uses]).decode()
-            except c.CanonicalError:
-                return ""
+            return tool_calls_text((b.get("name"), b.get("input")) for _, b in uses)
         return _text(response)
 
     def requested_schema(self, body: dict) -> tuple[str, dict] | None:

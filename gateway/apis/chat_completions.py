@@ -8,8 +8,8 @@ import orjson
 from pydantic import Field, StrictInt, StrictStr, TypeAdapter
 
 from gateway.apis import choices
-from gateway.apis.surface import Recorder, Surface, View
-from gateway.apis.validation import Open, Sampling, check
+from gateway.apis.surface import Recorder
+from gateway.apis.validation import Open, Sampling
 from gateway.cache.entry import Entry
 from gateway.policy import canonical as c
 from gateway.strategies.schema_check import (
@@ -19,6 +19,7 @@ from gateway.strategies.schema_check import (
     check_content,
     listing,
 )
+from gateway.strategies.vote import tool_calls_text
 
 
 class ContentPart(Open):
@@ -76,12 +77,7 @@ def _add(choice: dict[str, Any], part: dict[str, Any]) -> None:
         if isinstance(data, str):
             joined = choice["message"]["audio"]
             joined["data"] = _join_base64(joined.get("data"), data)
-    if isinstance(part.get("logprobs"), dict):
-        if not isinstance(choice["logprobs"], dict):
-            choice["logprobs"] = {}
-        choices.merge(choice["logprobs"], part["logprobs"])
-    if part.get("finish_reason") is not None:
-        choice["finish_reason"] = part["finish_reason"]
+    choices.add_tail(choice, part)
 
 
 def _join_base64(have: Any, more: str) -> str:
@@ -147,23 +143,12 @@ def _first_message(response: dict[str, Any]) -> dict[str, Any]:
     return _dict(_dict(first[0]).get("message")) if first else {}
 
 
-class ChatCompletions(Surface):
+class ChatCompletions(choices.ChoicesSurface):
     name = "chat.completions"
     path = "/chat/completions"
-    sampling = frozenset({"temperature", "top_p", "top_k", "seed", "n"})
     checks_schemas = True
-
-    def validate(self, body: Any) -> None:
-        check(_REQUEST, body)
-
-    def canonical(self, body: dict, text: bool) -> c.Canonical:
-        return c.canonicalize(body, _FIELDS, text)
-
-    def view(self, body: dict) -> View:
-        return choices.view(body)
-
-    def upstream_body(self, sent: dict, stream: bool) -> dict:
-        return choices.upstream_body(sent, stream)
+    request = _REQUEST
+    fields = _FIELDS
 
     def message_count(self, body: dict) -> int:
         return len(body.get("messages") or ())
@@ -188,16 +173,6 @@ class ChatCompletions(Surface):
         return choices.ChoicesRecorder(upstream, "chat.completion", "chat.completion.chunk", _add, _new_choice,
                                        _settle)
 
-    def render(self, entry: Entry, view: View) -> bytes:
-        return choices.render(entry, view)
-
-    def stream_end(self, entry: Entry, view: View) -> bytes:
-        return choices.stream_end(entry, view)
-
-    def fingerprint(self, body: bytes) -> str | None:
-        value = _dict(orjson.loads(body)).get("system_fingerprint")
-        return value if isinstance(value, str) and value else None
-
     def answer_parts(self, parsed: dict) -> list:
         parts = []
         for choice in map(_dict, _list(parsed.get("choices"))):
@@ -213,24 +188,10 @@ class ChatCompletions(Surface):
         message = _first_message(response)
         calls = _list(message.get("tool_calls"))
         if calls:
-            shaped = []
-            for call in calls:
-                function = _dict(_dict(call).get("function"))
-                arguments = function.get("arguments", "")
-                try:
-                    parsed = orjson.loads(arguments) if isinstance(arguments, str) else arguments
-                except orjson.JSONDecodeError:
-                    parsed = arguments
-                shaped.append({"name": function.get("name"), "arguments": parsed})
-            try:
-                return c.value_json(shaped).decode()
-            except c.CanonicalError:
-                return ""
+            functions = [_dict(_dict(call).get("function")) for call in calls]
+            return tool_calls_text((f.get("name"), f.get("arguments", "")) for f in functions)
         content = message.get("content")
         return content if isinstance(content, str) else ""
-
-    def merge_n(self, responses: list[dict]) -> dict | None:
-        return choices.merge_n(responses)
 
     def requested_schema(self, body: dict) -> tuple[str, dict] | None:
         response_format = _dict(body.get("response_format"))

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import orjson
 
-from gateway.apis.surface import NotAnAnswer, Recorder, View
+from gateway.apis.surface import NotAnAnswer, Recorder, Surface, View
 from gateway.cache.entry import Entry
 from gateway.errors import UpstreamError
 
@@ -66,6 +66,17 @@ def _merge_indexed(parts: list[dict[str, Any]], deltas: list[dict[str, Any]]) ->
         if found is None:
             parts.append(found := {"index": index})
         merge(found, delta)
+
+
+def add_tail(choice: dict[str, Any], part: dict[str, Any]) -> None:
+    """What a chunk's choice carries beside its content, for both kinds: logprobs (merged
+    like a delta) and the finish reason."""
+    if isinstance(part.get("logprobs"), dict):
+        if not isinstance(choice["logprobs"], dict):
+            choice["logprobs"] = {}
+        merge(choice["logprobs"], part["logprobs"])
+    if part.get("finish_reason") is not None:
+        choice["finish_reason"] = part["finish_reason"]
 
 
 def head(parsed: dict[str, Any], obj: str) -> dict[str, Any]:
@@ -201,6 +212,33 @@ class ChoicesRecorder(Recorder):
         choices = check_answer(self.upstream, body, payload)
         return Entry(payload, b"".join(self.frames), str(body.get("model") or ""), finish_class(choices),
                      usage_frame(body, self.chunk_object))
+
+
+class ChoicesSurface(Surface):
+    """What the chat and text completion surfaces share: their sampling parameters, how a
+    request asks for usage, what the upstream is sent, rendering, fingerprints and n > 1."""
+
+    sampling = frozenset({"temperature", "top_p", "top_k", "seed", "n"})
+
+    def view(self, body: dict) -> View:
+        return view(body)
+
+    def upstream_body(self, sent: dict, stream: bool) -> dict:
+        return upstream_body(sent, stream)
+
+    def render(self, entry: Entry, view: View) -> bytes:
+        return render(entry, view)
+
+    def stream_end(self, entry: Entry, view: View) -> bytes:
+        return stream_end(entry, view)
+
+    def fingerprint(self, body: bytes) -> str | None:
+        parsed = orjson.loads(body)
+        value = parsed.get("system_fingerprint") if isinstance(parsed, dict) else None
+        return value if isinstance(value, str) and value else None
+
+    def merge_n(self, responses: list[dict]) -> dict | None:
+        return merge_n(responses)
 
 
 def merge_n(responses: list[dict[str, Any]]) -> dict[str, Any]:

@@ -7,8 +7,8 @@ import orjson
 from pydantic import StrictStr, TypeAdapter
 
 from gateway.apis import choices
-from gateway.apis.surface import Recorder, Surface, View
-from gateway.apis.validation import Sampling, Tokens, check
+from gateway.apis.surface import Recorder, input_texts
+from gateway.apis.validation import Sampling, Tokens
 from gateway.cache.entry import Entry
 from gateway.policy import canonical as c
 
@@ -39,42 +39,21 @@ def _new_choice(index: int) -> dict[str, Any]:
 
 def _add(choice: dict[str, Any], part: dict[str, Any]) -> None:
     choices.merge(choice, {k: v for k, v in part.items() if k not in ("index", "finish_reason", "logprobs")})
-    if isinstance(part.get("logprobs"), dict):
-        if not isinstance(choice["logprobs"], dict):
-            choice["logprobs"] = {}
-        choices.merge(choice["logprobs"], part["logprobs"])
-    if part.get("finish_reason") is not None:
-        choice["finish_reason"] = part["finish_reason"]
+    choices.add_tail(choice, part)
 
 
 def _dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-class Completions(Surface):
+class Completions(choices.ChoicesSurface):
     name = "completions"
     path = "/completions"
-    sampling = frozenset({"temperature", "top_p", "top_k", "seed", "n"})
-
-    def validate(self, body: Any) -> None:
-        check(_REQUEST, body)
-
-    def canonical(self, body: dict, text: bool) -> c.Canonical:
-        return c.canonicalize(body, _FIELDS, text)
-
-    def view(self, body: dict) -> View:
-        return choices.view(body)
-
-    def upstream_body(self, sent: dict, stream: bool) -> dict:
-        return choices.upstream_body(sent, stream)
+    request = _REQUEST
+    fields = _FIELDS
 
     def texts(self, body: dict) -> Iterator[tuple[str, str]]:
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            yield "prompt", prompt
-        for i, item in enumerate(prompt if isinstance(prompt, list) else ()):
-            if isinstance(item, str):
-                yield f"prompt[{i}]", item
+        return input_texts(body, "prompt")
 
     def from_body(self, upstream: str, payload: bytes) -> Entry:
         parsed = orjson.loads(payload)
@@ -87,16 +66,6 @@ class Completions(Surface):
     def recorder(self, upstream: str) -> Recorder:
         return choices.ChoicesRecorder(upstream, "text_completion", "text_completion", _add, _new_choice)
 
-    def render(self, entry: Entry, view: View) -> bytes:
-        return choices.render(entry, view)
-
-    def stream_end(self, entry: Entry, view: View) -> bytes:
-        return choices.stream_end(entry, view)
-
-    def fingerprint(self, body: bytes) -> str | None:
-        value = _dict(orjson.loads(body)).get("system_fingerprint")
-        return value if isinstance(value, str) and value else None
-
     def answer_parts(self, parsed: dict) -> list:
         found = parsed.get("choices")
         return [_dict(choice).get("text") for choice in (found if isinstance(found, list) else ())]
@@ -105,9 +74,6 @@ class Completions(Surface):
         found = response.get("choices")
         first = _dict(found[0]) if isinstance(found, list) and found else {}
         return str(first.get("text", ""))
-
-    def merge_n(self, responses: list[dict]) -> dict | None:
-        return choices.merge_n(responses)
 
 
 SURFACE = Completions()

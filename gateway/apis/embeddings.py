@@ -1,13 +1,13 @@
 """OpenAI Embeddings (`POST /v1/embeddings`): no sampling, no stream."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Iterator, Literal
 
 import orjson
 from pydantic import Field, StrictInt, StrictStr, TypeAdapter
 
-from gateway.apis.surface import NotAnAnswer, Surface, View
-from gateway.apis.validation import Open, Tokens, check
+from gateway.apis.surface import NotAnAnswer, Surface, View, input_texts
+from gateway.apis.validation import Open, Tokens
 from gateway.cache.entry import Entry
 from gateway.errors import UpstreamError
 from gateway.policy import canonical as c
@@ -31,12 +31,8 @@ _FIELDS = c.Fields({"model": c.plain, "input": c.inputs, "encoding_format": c.pl
 class Embeddings(Surface):
     name = "embeddings"
     path = "/embeddings"
-
-    def validate(self, body: Any) -> None:
-        check(_REQUEST, body)
-
-    def canonical(self, body: dict, text: bool) -> c.Canonical:
-        return c.canonicalize(body, _FIELDS, text)
+    request = _REQUEST
+    fields = _FIELDS
 
     def view(self, body: dict) -> View:
         return View()
@@ -45,12 +41,7 @@ class Embeddings(Surface):
         return {k: v for k, v in sent.items() if k not in ("stream", "stream_options")}
 
     def texts(self, body: dict) -> Iterator[tuple[str, str]]:
-        value = body.get("input")
-        if isinstance(value, str):
-            yield "input", value
-        for i, item in enumerate(value if isinstance(value, list) else ()):
-            if isinstance(item, str):
-                yield f"input[{i}]", item
+        return input_texts(body, "input")
 
     def from_body(self, upstream: str, payload: bytes) -> Entry:
         parsed = orjson.loads(payload)

@@ -35,7 +35,7 @@ from pydantic import (
 
 from gateway.apis import response_events as events
 from gateway.apis.surface import Recorder, Surface, View
-from gateway.apis.validation import Number, Open, check
+from gateway.apis.validation import Number, Open
 from gateway.cache.entry import Entry
 from gateway.errors import ApiError, UpstreamError
 from gateway.policy import canonical as c
@@ -47,6 +47,7 @@ from gateway.strategies.schema_check import (
     check_content,
     listing,
 )
+from gateway.strategies.vote import tool_calls_text
 
 
 class Part(Open):
@@ -225,15 +226,14 @@ class Responses(Surface):
     sampling = frozenset({"temperature", "top_p"})
     checks_schemas = True
     chains = True
+    request = _REQUEST
+    fields = _FIELDS
 
     def validate(self, body: Any) -> None:
-        check(_REQUEST, body)
+        super().validate(body)
         if body.get("previous_response_id") is not None and body.get("conversation") is not None:
             raise ApiError(400, "previous_response_id and conversation cannot both be set: each names the "
                                 "conversation so far.", param="conversation", code="invalid_value")
-
-    def canonical(self, body: dict, text: bool) -> c.Canonical:
-        return c.canonicalize(body, _FIELDS, text)
 
     def view(self, body: dict) -> View:
         return View(stream=body.get("stream") is True)
@@ -326,18 +326,7 @@ class Responses(Surface):
         calls = _calls(response)
         if not calls:
             return _output_text(response)
-        shaped = []
-        for _, call in calls:
-            arguments = call.get("arguments", "")
-            try:
-                parsed = orjson.loads(arguments) if isinstance(arguments, str) else arguments
-            except orjson.JSONDecodeError:
-                parsed = arguments
-            shaped.append({"name": call.get("name"), "arguments": parsed})
-        try:
-            return c.canonical_json(shaped).decode()
-        except c.CanonicalError:
-            return ""
+        return tool_calls_text((call.get("name"), call.get("arguments", "")) for _, call in calls)
 
     def requested_schema(self, body: dict) -> tuple[str, dict] | None:
         form = _dict(_dict(body.get("text")).get("format"))

@@ -18,9 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from pydantic import TypeAdapter
+
+from gateway.apis.validation import check
 from gateway.cache.entry import Entry
 from gateway.errors import OPENAI_ERRORS, ErrorShape, UpstreamError
-from gateway.policy.canonical import Canonical
+from gateway.policy.canonical import UNKEYED_FIELDS, Canonical, Fields, canonicalize
 from gateway.strategies.schema_check import SchemaError
 
 
@@ -30,6 +33,17 @@ class View:
 
     stream: bool = False
     usage: bool = False  # a stream that ends with a usage event (OpenAI's include_usage)
+
+
+def input_texts(body: dict, name: str) -> Iterator[tuple[str, str]]:
+    """(path, text) of a prompt-like field: a string, or a list whose strings are prompts
+    (token-id lists hold no text)."""
+    value = body.get(name)
+    if isinstance(value, str):
+        yield name, value
+    for i, item in enumerate(value if isinstance(value, list) else ()):
+        if isinstance(item, str):
+            yield f"{name}[{i}]", item
 
 
 class NotAnAnswer(UpstreamError):
@@ -74,17 +88,20 @@ class Surface:
     keyed_headers: tuple[str, ...] = ()
     checks_schemas = False  # whether answers can be schema-checked (x-detgate-schema, tools)
     chains = False  # whether answers name themselves (`answer_id`), so that a later request may continue one
+    request: TypeAdapter  # the request's pydantic model: what `validate` checks
+    fields: Fields  # the request body's canonical table (gateway/policy/canonical.py)
+    unkeyed: frozenset[str] = UNKEYED_FIELDS  # members out of the key, sent as the client sent them
 
     # ---- the request
 
     def validate(self, body: Any) -> None:
         """Raises ApiError (400) naming the parameter for what no upstream would accept."""
-        raise NotImplementedError
+        check(self.request, body)
 
     def canonical(self, body: dict, text: bool) -> Canonical:
         """The canonical form of a validated, de-randomized body; `text` applies the text
         rules. Raises CanonicalError for a body that has none."""
-        raise NotImplementedError
+        return canonicalize(body, self.fields, text, self.unkeyed)
 
     def refuses(self, body: dict) -> frozenset[str]:
         """Sampling parameters this request's other fields rule out whatever the model takes

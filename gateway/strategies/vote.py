@@ -19,7 +19,7 @@ so the same answers always elect the same winner whatever the network did.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +104,17 @@ def normalize(content: str, extractor: Extractor | None = None) -> str:
         if value is not _MISSING and (form := _canonical(value)) is not None:
             return form
     return _canonical(doc) or text
+
+
+def tool_calls_text(calls: Iterable[tuple[Any, Any]]) -> str:
+    """The answer a vote compares for tool calls, each (name, arguments): one JSON form with
+    arguments parsed where they are JSON text, so that calls differing only in how their
+    arguments are spelled are one answer."""
+    shaped = []
+    for name, arguments in calls:
+        parsed = _json(arguments) if isinstance(arguments, str) else arguments
+        shaped.append({"name": name, "arguments": arguments if parsed is _MISSING else parsed})
+    return _canonical(shaped) or ""
 
 
 def group_of(normalized: str) -> str:
