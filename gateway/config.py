@@ -71,11 +71,6 @@ class UpstreamConfig(BaseModel):
             key = environ.get(self.api_key_env)
         return key or None
 
-    def authorization(self, environ: Mapping[str, str] = os.environ) -> str | None:
-        """The Authorization header the gateway sends when it is not passing the client's on."""
-        key = self.key(environ)
-        return f"Bearer {key}" if key else None
-
 
 class TenantConfig(BaseModel):
     """A gateway API key and what its holder is. `NAME = "KEY"` (or NAME=KEY in the
@@ -104,7 +99,7 @@ class CanaryConfig(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.:-]+$")
     model: str
     upstream: str | None = None  # an upstream name; default: the model's route
-    route: Literal["chat.completions", "completions", "embeddings", "messages"] = "chat.completions"
+    route: str = "chat.completions"  # the surface it is sent to (gateway/apis: SURFACES)
     body: dict[str, Any] = {}  # the request without "model", e.g. {"messages": [...]}
     expect: str | None = None  # a reference digest; default: the first answer's, kept in the ledger
 
@@ -257,6 +252,8 @@ class Settings(BaseModel):
         if len(set(canaries)) != len(canaries):
             raise ValueError(f"canary names must be unique, got {canaries}")
         for canary in self.canaries:
+            if canary.route not in SURFACES:
+                raise ValueError(f"canary {canary.name!r}: unknown route {canary.route!r}; known: {sorted(SURFACES)}")
             if canary.upstream is not None and canary.upstream not in names:
                 raise ValueError(f"canary {canary.name!r} names upstream {canary.upstream!r}, which is not configured")
         if self.passthrough_auth and self.tenants:

@@ -13,6 +13,8 @@ import logging
 import orjson
 from aiohttp import web
 
+from gateway.upstream.sse import frame
+
 log = logging.getLogger("detgate")
 
 
@@ -27,7 +29,7 @@ class ErrorShape:
 
     def frame(self, payload: bytes) -> bytes:
         """An error body as the stream event that tells a reader the stream failed."""
-        return b"data: " + payload + b"\n\n"
+        return frame(payload)
 
     def is_error(self, payload: bytes) -> bool:
         """Whether an upstream body already is an error in this shape (passed on as it is)."""
@@ -35,7 +37,10 @@ class ErrorShape:
             parsed = orjson.loads(payload)
         except orjson.JSONDecodeError:
             return False
-        return isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)
+        return isinstance(parsed, dict) and self._is_error(parsed)
+
+    def _is_error(self, parsed: dict) -> bool:
+        return isinstance(parsed.get("error"), dict)
 
 
 # Anthropic's error types by HTTP status; anything else 5xx is api_error.
@@ -53,14 +58,10 @@ class AnthropicErrors(ErrorShape):
         return orjson.dumps({"type": "error", "error": {"type": kind, "message": message + detail}})
 
     def frame(self, payload: bytes) -> bytes:
-        return b"event: error\ndata: " + payload + b"\n\n"
+        return frame(payload, "error")
 
-    def is_error(self, payload: bytes) -> bool:
-        try:
-            parsed = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return False
-        return isinstance(parsed, dict) and parsed.get("type") == "error"
+    def _is_error(self, parsed: dict) -> bool:
+        return parsed.get("type") == "error"
 
 
 OPENAI_ERRORS = ErrorShape()

@@ -35,18 +35,20 @@ from typing import Annotated, Any, Iterator, Literal
 import orjson
 from pydantic import Field, StrictBool, StrictInt, StrictStr, TypeAdapter
 
-from gateway.apis.surface import NotAnAnswer, Recorder, Surface, View
+from gateway.apis.surface import NotAnAnswer, Recorder, Surface, View, as_dict, as_list
 from gateway.apis.validation import Number, Open
 from gateway.cache.entry import Entry
 from gateway.errors import ANTHROPIC_ERRORS, UpstreamError
 from gateway.policy import canonical as c
 from gateway.strategies.schema_check import (
     SchemaError,
+    call_feedback,
     check_content,
-    listing,
+    content_feedback,
     validate,
 )
 from gateway.strategies.vote import tool_calls_text
+from gateway.upstream.sse import frame
 
 # Sent when the client names none: the API refuses a request without one.
 ANTHROPIC_VERSION = "2023-06-01"
@@ -103,29 +105,11 @@ _ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401, "per
                  "api_error": 500, "overloaded_error": 529}
 
 
-def _dict(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list:
-    return value if isinstance(value, list) else []
-
-
 # ---- canonical form
 
-def _is_plain_text(block: Any) -> bool:
-    return isinstance(block, dict) and block.keys() == {"type", "text"} and block["type"] == "text" \
-        and isinstance(block["text"], str)
-
-
 def _content(value: Any, trace: c.Trace) -> Any:
-    """A message's content (and `system`, and a tool result's): a string, or blocks."""
-    if isinstance(value, list) and len(value) == 1 and _is_plain_text(value[0]):
-        trace.append("content_shape")
-        return c.text(value[0]["text"], trace)
-    if isinstance(value, list):
-        return [_block(b, trace) for b in value]
-    return c.text_field(value, trace)
+    """A message's content (and `system`, and a tool result's, which nests it): a string, or blocks."""
+    return _blocks(value, trace)
 
 
 # The blocks whose members the gateway knows; any other (image, document, thinking,
@@ -137,7 +121,7 @@ _BLOCKS: dict[str, c.Fields] = {
     "tool_result": c.Fields({"type": c.plain, "tool_use_id": c.plain, "content": _content, "is_error": c.plain,
                              "cache_control": c.plain}),
 }
-_block = c.by_type(_BLOCKS)
+_blocks = c.content_of(c.by_type(_BLOCKS))
 _MESSAGE = c.Fields({"role": c.plain, "content": _content})
 _TOOL = c.Fields({"type": c.plain, "name": c.plain, "description": c.text_field, "input_schema": c.verbatim,
                   "cache_control": c.plain}, nullable=frozenset({"description", "cache_control"}))
@@ -165,15 +149,11 @@ _UNKEYED = frozenset({"stream", "metadata", "service_tier"})
 
 # ---- answers: body <-> stream
 
-def _frame(kind: str, payload: bytes) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + payload + b"\n\n"
-
-
 def _event(event: dict) -> bytes:
-    return _frame(event["type"], orjson.dumps(event))
+    return frame(orjson.dumps(event), event["type"])
 
 
-STOP_FRAME = _frame("message_stop", _STOP_PAYLOAD)
+STOP_FRAME = frame(_STOP_PAYLOAD, "message_stop")
 
 
 def _opened(block: dict) -> tuple[dict, list[dict]]:
@@ -204,13 +184,13 @@ def _synthesized(message: dict) -> bytes:
         if name in start:
             start[name] = None
     out = [_event({"type": "message_start", "message": start})]
-    for index, block in enumerate(_list(message.get("content"))):
-        opened, deltas = _opened(_dict(block))
+    for index, block in enumerate(as_list(message.get("content"))):
+        opened, deltas = _opened(as_dict(block))
         out.append(_event({"type": "content_block_start", "index": index, "content_block": opened}))
         out += [_event({"type": "content_block_delta", "index": index, "delta": d}) for d in deltas]
         out.append(_event({"type": "content_block_stop", "index": index}))
     delta = {name: message.get(name) for name in _DELTA_FIELDS if name in message}
-    out.append(_event({"type": "message_delta", "delta": delta, "usage": _dict(message.get("usage"))}))
+    out.append(_event({"type": "message_delta", "delta": delta, "usage": as_dict(message.get("usage"))}))
     return b"".join(out)
 
 
@@ -221,7 +201,7 @@ def _apply(block: dict, delta: dict, json_parts: list[str]) -> None:
     if kind == "input_json_delta":
         json_parts.append(str(delta.get("partial_json") or ""))
     elif kind == "citations_delta":
-        block["citations"] = _list(block.get("citations")) + [delta.get("citation")]
+        block["citations"] = as_list(block.get("citations")) + [delta.get("citation")]
     elif kind == "signature_delta":
         block["signature"] = delta.get("signature")
     else:
@@ -234,7 +214,7 @@ def _apply(block: dict, delta: dict, json_parts: list[str]) -> None:
 
 
 def _error_status(event: dict) -> int:
-    return _ERROR_STATUS.get(_dict(event.get("error")).get("type"), 502)
+    return _ERROR_STATUS.get(as_dict(event.get("error")).get("type"), 502)
 
 
 def _finish(upstream: str, message: Any, payload: bytes) -> str:
@@ -276,25 +256,25 @@ class MessagesRecorder(Recorder):
             self.done = True
             return None  # sent by stream_end, once the answer is known complete
         if kind == "message_start":
-            self.message = dict(_dict(event.get("message")))
+            self.message = dict(as_dict(event.get("message")))
             self.model = str(self.message.get("model") or "")
         elif self.message is None:
             raise UpstreamError.broken_stream(self.upstream, f"{kind} before message_start")
         elif kind == "content_block_start":
-            self.blocks[self._index(event, kind)] = dict(_dict(event.get("content_block")))
+            self.blocks[self._index(event, kind)] = dict(as_dict(event.get("content_block")))
         elif kind == "content_block_delta":
             index = self._index(event, kind)
             if index not in self.blocks:
                 raise UpstreamError.broken_stream(self.upstream, f"a delta for content block {index}, never started")
-            _apply(self.blocks[index], _dict(event.get("delta")), self.inputs.setdefault(index, []))
+            _apply(self.blocks[index], as_dict(event.get("delta")), self.inputs.setdefault(index, []))
         elif kind == "content_block_stop":
             self._settle(self._index(event, kind))
         elif kind == "message_delta":
-            self.message.update(_dict(event.get("delta")))
-            usage = self.message["usage"] = dict(_dict(self.message.get("usage")))
-            usage.update({k: v for k, v in _dict(event.get("usage")).items() if v is not None})
+            self.message.update(as_dict(event.get("delta")))
+            usage = self.message["usage"] = dict(as_dict(self.message.get("usage")))
+            usage.update({k: v for k, v in as_dict(event.get("usage")).items() if v is not None})
         # An event whose JSON spans several data: lines is sent on one, as every other is.
-        out = _frame(kind, orjson.dumps(event) if b"\n" in payload else payload)
+        out = frame(orjson.dumps(event) if b"\n" in payload else payload, kind)
         self.frames.append(out)
         return out
 
@@ -327,11 +307,11 @@ class MessagesRecorder(Recorder):
 # ---- the surface
 
 def _tool_uses(response: dict) -> list[tuple[int, dict]]:
-    return [(i, b) for i, b in enumerate(_list(response.get("content"))) if _dict(b).get("type") == "tool_use"]
+    return [(i, b) for i, b in enumerate(as_list(response.get("content"))) if as_dict(b).get("type") == "tool_use"]
 
 
 def _text(response: dict) -> str:
-    return "".join(b["text"] for b in map(_dict, _list(response.get("content")))
+    return "".join(b["text"] for b in map(as_dict, as_list(response.get("content")))
                    if b.get("type") == "text" and isinstance(b.get("text"), str))
 
 
@@ -355,7 +335,7 @@ class AnthropicMessages(Surface):
 
     def refuses(self, body: dict) -> frozenset[str]:
         # Thinking takes temperature 1 only (sent as none), top_p from 0.95 (none means 1), no top_k.
-        if _dict(body.get("thinking")).get("type") in ("enabled", "adaptive"):
+        if as_dict(body.get("thinking")).get("type") in ("enabled", "adaptive"):
             return self.sampling
         return frozenset()
 
@@ -376,15 +356,15 @@ class AnthropicMessages(Surface):
         system = body.get("system")
         if isinstance(system, str):
             yield "system", system
-        for j, block in enumerate(_list(system)):
-            if isinstance(_dict(block).get("text"), str):
+        for j, block in enumerate(as_list(system)):
+            if isinstance(as_dict(block).get("text"), str):
                 yield f"system[{j}].text", block["text"]
-        for i, message in enumerate(_list(body.get("messages"))):
-            content = _dict(message).get("content")
+        for i, message in enumerate(as_list(body.get("messages"))):
+            content = as_dict(message).get("content")
             if isinstance(content, str):
                 yield f"messages[{i}].content", content
-            for j, block in enumerate(_list(content)):
-                if _dict(block).get("type") == "text" and isinstance(block.get("text"), str):
+            for j, block in enumerate(as_list(content)):
+                if as_dict(block).get("type") == "text" and isinstance(block.get("text"), str):
                     yield f"messages[{i}].content[{j}].text", block["text"]
 
     def from_body(self, upstream: str, payload: bytes) -> Entry:
@@ -404,8 +384,8 @@ class AnthropicMessages(Surface):
         return STOP_FRAME
 
     def answer_parts(self, parsed: dict) -> list:
-        blocks = [{k: v for k, v in _dict(b).items() if k not in ("id", "signature")}
-                  for b in _list(parsed.get("content"))]
+        blocks = [{k: v for k, v in as_dict(b).items() if k not in ("id", "signature")}
+                  for b in as_list(parsed.get("content"))]
         return [{"content": blocks, "stop_reason": parsed.get("stop_reason")}]
 
     def answer_text(self, response: dict) -> str:
@@ -416,20 +396,20 @@ class AnthropicMessages(Surface):
         return _text(response)
 
     def requested_schema(self, body: dict) -> tuple[str, dict] | None:
-        for param, spec in (("output_config.format", _dict(_dict(body.get("output_config")).get("format"))),
-                            ("output_format", _dict(body.get("output_format")))):
+        for param, spec in (("output_config.format", as_dict(as_dict(body.get("output_config")).get("format"))),
+                            ("output_format", as_dict(body.get("output_format")))):
             if spec.get("type") == "json_schema" and isinstance(spec.get("schema"), dict):
                 return f"{param}.schema", spec["schema"]
         return None
 
     def tool_schemas(self, body: dict) -> list[tuple[str, Any]]:
-        return [(f"tools[{i}].input_schema", tool["input_schema"]) for i, tool in enumerate(_list(body.get("tools")))
-                if "input_schema" in _dict(tool)]
+        return [(f"tools[{i}].input_schema", tool["input_schema"]) for i, tool in enumerate(as_list(body.get("tools")))
+                if "input_schema" in as_dict(tool)]
 
     def problems(self, response: dict, request: dict, schema: dict | None) -> list[SchemaError]:
         if not isinstance(response.get("content"), list):
             return [SchemaError("$", "", "the response has no content")]
-        offered = {t["name"]: t.get("input_schema", {}) for t in map(_dict, _list(request.get("tools")))
+        offered = {t["name"]: t.get("input_schema", {}) for t in map(as_dict, as_list(request.get("tools")))
                    if "input_schema" in t and isinstance(t.get("name"), str)}
         uses = _tool_uses(response)
         errors: list[SchemaError] = []
@@ -451,24 +431,14 @@ class AnthropicMessages(Surface):
         messages = request.get("messages")
         if not isinstance(messages, list):
             return None
-        assistant = {"role": "assistant", "content": _list(response.get("content"))}
+        assistant = {"role": "assistant", "content": as_list(response.get("content"))}
         uses = _tool_uses(response)
         if uses:
             content: Any = [{"type": "tool_result", "tool_use_id": b.get("id", ""), "is_error": True,
-                             "content": _rejected(i, errors)} for i, b in uses]
+                             "content": call_feedback(errors, f"$.content[{i}]")} for i, b in uses]
         else:
-            content = ("That answer is not valid against the required JSON schema. Each problem, as "
-                       f"JSONPath in your answer: message (schema keyword):\n{listing(errors)}\n"
-                       "Reply with the corrected JSON alone.")
+            content = content_feedback(errors)
         return {**request, "messages": [*messages, assistant, {"role": "user", "content": content}]}
-
-
-def _rejected(i: int, errors: list[SchemaError]) -> str:
-    own = [e for e in errors if e.path.startswith(f"$.content[{i}].")]
-    if not own:
-        return "Not run: another tool use in this turn was rejected. Use it again if you still need it."
-    return (f"Not run: the input does not match the tool's input_schema.\n{listing(own)}\n"
-            "Use the tool again with a valid input.")
 
 
 SURFACE = AnthropicMessages()

@@ -1,25 +1,26 @@
 """OpenAI Chat Completions (`POST /v1/chat/completions`), and every provider that speaks it."""
 from __future__ import annotations
 
-import base64
 from typing import Annotated, Any, Iterator, Literal
 
 import orjson
 from pydantic import Field, StrictInt, StrictStr, TypeAdapter
 
 from gateway.apis import choices
-from gateway.apis.surface import Recorder
+from gateway.apis.surface import Recorder, as_dict, as_list
 from gateway.apis.validation import Open, Sampling
 from gateway.cache.entry import Entry
 from gateway.policy import canonical as c
 from gateway.strategies.schema_check import (
     JSON_OBJECT,
     SchemaError,
+    call_feedback,
     check_calls,
     check_content,
-    listing,
+    content_feedback,
 )
 from gateway.strategies.vote import tool_calls_text
+from gateway.upstream.sse import frame
 
 
 class ContentPart(Open):
@@ -67,42 +68,21 @@ def _new_choice(index: int) -> dict[str, Any]:
 
 
 def _add(choice: dict[str, Any], part: dict[str, Any]) -> None:
-    delta = part.get("delta")
-    if isinstance(delta, dict):
-        audio = delta.get("audio")
-        data = audio.get("data") if isinstance(audio, dict) else None
-        if isinstance(data, str):
-            delta = {**delta, "audio": {k: v for k, v in audio.items() if k != "data"}}
-        choices.merge(choice["message"], delta)
-        if isinstance(data, str):
-            joined = choice["message"]["audio"]
-            joined["data"] = _join_base64(joined.get("data"), data)
+    if isinstance(part.get("delta"), dict):
+        choices.merge(choice["message"], part["delta"])
     choices.add_tail(choice, part)
-
-
-def _join_base64(have: Any, more: str) -> str:
-    """Two base64 texts as the one that encodes both their bytes: each streamed audio piece
-    is encoded alone, so text appends only after a piece that ends on a whole group."""
-    if not isinstance(have, str) or not have:
-        return more
-    if len(have) % 4 == 0 and not have.endswith("="):
-        return have + more
-    try:
-        return base64.b64encode(base64.b64decode(have) + base64.b64decode(more)).decode()
-    except ValueError:  # not base64 after all: kept as sent
-        return have + more
 
 
 def _settle(choice: dict[str, Any], last: dict[str, Any]) -> None:
     # Tool-call deltas are merged by index; a whole message's calls carry none.
     message = choice["message"]
-    for call in _list(message.get("tool_calls")):
+    for call in as_list(message.get("tool_calls")):
         if isinstance(call, dict):
             call.pop("index", None)
     # An audio answer's stream ends with a delta holding only the audio's expires_at, and no
     # finish_reason (gpt-4o-audio-preview; openai-node#1206): complete audio there is a
     # finished answer. Anything else without a finish_reason stays unfinished.
-    delta, audio = _present(last.get("delta")), _dict(message.get("audio"))
+    delta, audio = _present(last.get("delta")), as_dict(message.get("audio"))
     if (choice["finish_reason"] is None and set(delta) == {"audio"} and set(_present(delta["audio"])) == {"expires_at"}
             and all(audio.get(name) is not None for name in ("id", "data", "transcript", "expires_at"))):
         choice["finish_reason"] = "stop"
@@ -130,17 +110,9 @@ def _chunks(parsed: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _dict(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list:
-    return value if isinstance(value, list) else []
-
-
 def _first_message(response: dict[str, Any]) -> dict[str, Any]:
-    first = _list(response.get("choices"))
-    return _dict(_dict(first[0]).get("message")) if first else {}
+    first = as_list(response.get("choices"))
+    return as_dict(as_dict(first[0]).get("message")) if first else {}
 
 
 class ChatCompletions(choices.ChoicesSurface):
@@ -154,18 +126,18 @@ class ChatCompletions(choices.ChoicesSurface):
         return len(body.get("messages") or ())
 
     def texts(self, body: dict) -> Iterator[tuple[str, str]]:
-        for i, message in enumerate(_list(body.get("messages"))):
-            content = _dict(message).get("content")
+        for i, message in enumerate(as_list(body.get("messages"))):
+            content = as_dict(message).get("content")
             if isinstance(content, str):
                 yield f"messages[{i}].content", content
-            for j, part in enumerate(_list(content)):
-                if isinstance(_dict(part).get("text"), str):
+            for j, part in enumerate(as_list(content)):
+                if isinstance(as_dict(part).get("text"), str):
                     yield f"messages[{i}].content[{j}].text", part["text"]
 
     def from_body(self, upstream: str, payload: bytes) -> Entry:
         parsed = orjson.loads(payload)
         found = choices.check_answer(upstream, parsed, payload)
-        stream = b"".join(choices.frame(orjson.dumps(chunk)) for chunk in _chunks(parsed))
+        stream = b"".join(frame(orjson.dumps(chunk)) for chunk in _chunks(parsed))
         return Entry(payload, stream, str(parsed.get("model") or ""), choices.finish_class(found),
                      choices.usage_frame(parsed, "chat.completion.chunk"))
 
@@ -175,9 +147,9 @@ class ChatCompletions(choices.ChoicesSurface):
 
     def answer_parts(self, parsed: dict) -> list:
         parts = []
-        for choice in map(_dict, _list(parsed.get("choices"))):
-            message = _dict(choice.get("message"))
-            calls = [_dict(_dict(call).get("function")) for call in _list(message.get("tool_calls"))]
+        for choice in map(as_dict, as_list(parsed.get("choices"))):
+            message = as_dict(choice.get("message"))
+            calls = [as_dict(as_dict(call).get("function")) for call in as_list(message.get("tool_calls"))]
             parts.append({"content": message.get("content"), "refusal": message.get("refusal"),
                           "tool_calls": [{"name": f.get("name"), "arguments": f.get("arguments")} for f in calls]})
         return parts
@@ -186,15 +158,15 @@ class ChatCompletions(choices.ChoicesSurface):
         """The first choice's content, or its tool calls as canonical JSON (arguments
         parsed where they are JSON)."""
         message = _first_message(response)
-        calls = _list(message.get("tool_calls"))
+        calls = as_list(message.get("tool_calls"))
         if calls:
-            functions = [_dict(_dict(call).get("function")) for call in calls]
+            functions = [as_dict(as_dict(call).get("function")) for call in calls]
             return tool_calls_text((f.get("name"), f.get("arguments", "")) for f in functions)
         content = message.get("content")
         return content if isinstance(content, str) else ""
 
     def requested_schema(self, body: dict) -> tuple[str, dict] | None:
-        response_format = _dict(body.get("response_format"))
+        response_format = as_dict(body.get("response_format"))
         if response_format.get("type") == "json_object":
             return "response_format", JSON_OBJECT
         spec = response_format.get("json_schema")
@@ -204,8 +176,8 @@ class ChatCompletions(choices.ChoicesSurface):
 
     def tool_schemas(self, body: dict) -> list[tuple[str, Any]]:
         out = []
-        for i, tool in enumerate(_list(body.get("tools"))):
-            function = _dict(tool).get("function") if _dict(tool).get("type") == "function" else None
+        for i, tool in enumerate(as_list(body.get("tools"))):
+            function = as_dict(tool).get("function") if as_dict(tool).get("type") == "function" else None
             if isinstance(function, dict):
                 out.append((f"tools[{i}].function.parameters", function.get("parameters", {})))
         return out
@@ -215,13 +187,13 @@ class ChatCompletions(choices.ChoicesSurface):
         if not isinstance(found, list) or not found:
             return [SchemaError("$", "", "the response has no choices")]
         parameters = {}
-        for tool in _list(request.get("tools")):
-            function = _dict(_dict(tool).get("function"))
-            if _dict(tool).get("type") == "function" and "name" in function:
+        for tool in as_list(request.get("tools")):
+            function = as_dict(as_dict(tool).get("function"))
+            if as_dict(tool).get("type") == "function" and "name" in function:
                 parameters[function["name"]] = function.get("parameters", {})
         errors: list[SchemaError] = []
         for choice in found:
-            message = _dict(choice).get("message")
+            message = as_dict(choice).get("message")
             if not isinstance(message, dict):
                 errors.append(SchemaError("$", "", "a choice without a message"))
                 continue
@@ -232,7 +204,7 @@ class ChatCompletions(choices.ChoicesSurface):
                     continue
                 shaped = []
                 for i, call in enumerate(calls):
-                    function = _dict(call).get("function")
+                    function = as_dict(call).get("function")
                     if not isinstance(function, dict):
                         errors.append(SchemaError(f"tool_calls[{i}]", "", "not a function call object"))
                         continue
@@ -251,22 +223,13 @@ class ChatCompletions(choices.ChoicesSurface):
         message = _first_message(response)
         assistant = {k: v for k, v in message.items() if k in ("content", "tool_calls", "refusal")}
         assistant["role"] = "assistant"
-        calls = _list(message.get("tool_calls"))
+        calls = as_list(message.get("tool_calls"))
         if calls:
-            feedback = [_tool_feedback(i, call, errors) for i, call in enumerate(calls)]
+            feedback = [{"role": "tool", "tool_call_id": as_dict(call).get("id", ""),
+                         "content": call_feedback(errors, f"tool_calls[{i}]")} for i, call in enumerate(calls)]
         else:
-            feedback = [{"role": "user", "content": "Your answer does not match the required JSON schema. Errors "
-                                                    "(JSONPath in your answer: problem (failing schema keyword)):\n"
-                                                    f"{listing(errors)}\nAnswer again with only the corrected JSON."}]
+            feedback = [{"role": "user", "content": content_feedback(errors)}]
         return {**request, "messages": [*messages, assistant, *feedback]}
-
-
-def _tool_feedback(i: int, call: Any, errors: list[SchemaError]) -> dict:
-    own = [e for e in errors if e.path.startswith(f"tool_calls[{i}].")]
-    content = (f"Rejected, not run: the arguments do not match the tool's schema.\n{listing(own)}\n"
-               "Call the tool again with arguments that fix every error." if own else
-               "Not run, because another tool call in this turn was rejected; call it again.")
-    return {"role": "tool", "tool_call_id": _dict(call).get("id", ""), "content": content}
 
 
 SURFACE = ChatCompletions()

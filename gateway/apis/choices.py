@@ -8,7 +8,8 @@ that never asked for usage never meets a chunk with no choices (a plain
 assembled from the stream always has `usage`.
 
 Assembly merges every delta as the wire defines it: strings are appended (content,
-refusal, tool-call arguments, audio data and transcript), identity fields are set once
+refusal, tool-call arguments, audio transcript; audio data, base64 piece by piece, is
+joined as the bytes it encodes), identity fields are set once
 (id, type, role, expires_at), lists are joined (logprobs), lists of indexed parts
 (tool calls) are merged by index, objects merge field by field. A delta field this
 module does not know is merged by the same rules rather than dropped.
@@ -19,6 +20,7 @@ reasons of an answer.
 """
 from __future__ import annotations
 
+import base64
 from typing import Any, Callable
 
 import orjson
@@ -26,6 +28,7 @@ import orjson
 from gateway.apis.surface import NotAnAnswer, Recorder, Surface, View
 from gateway.cache.entry import Entry
 from gateway.errors import UpstreamError
+from gateway.upstream.sse import frame
 
 DONE = b"data: [DONE]\n\n"
 _IDENTITY = frozenset({"id", "type", "role", "object", "expires_at", "index"})
@@ -33,8 +36,21 @@ _NOT_HEAD = frozenset({"choices", "usage", "object", "obfuscation"})
 _UNFINISHED = (None, "abort", "error")
 
 
-def frame(payload: bytes) -> bytes:
-    return b"data: " + payload + b"\n\n"
+def _join_base64(have: Any, more: str) -> str:
+    """Two base64 texts as the one that encodes both their bytes: each streamed audio piece
+    is encoded alone, so text appends only after a piece that ends on a whole group."""
+    if not isinstance(have, str) or not have:
+        return more
+    if len(have) % 4 == 0 and not have.endswith("="):
+        return have + more
+    try:
+        return base64.b64encode(base64.b64decode(have) + base64.b64decode(more)).decode()
+    except ValueError:  # not base64 after all: kept as sent
+        return have + more
+
+
+# String fields joined otherwise than by appending text: audio data is base64, piece by piece.
+_JOINED = {"data": _join_base64}
 
 
 def merge(into: dict[str, Any], delta: dict[str, Any]) -> None:
@@ -43,6 +59,8 @@ def merge(into: dict[str, Any], delta: dict[str, Any]) -> None:
         have = into.get(name)
         if value is None:
             into.setdefault(name, None)
+        elif isinstance(value, str) and name in _JOINED:
+            into[name] = _JOINED[name](have, value)
         elif isinstance(value, str) and name not in _IDENTITY:
             into[name] = (have if isinstance(have, str) else "") + value
         elif isinstance(value, dict):
@@ -117,31 +135,6 @@ def check_answer(upstream: str, parsed: Any, payload: bytes) -> list[dict[str, A
     return choices
 
 
-def view(body: dict[str, Any]) -> View:
-    options = body.get("stream_options")
-    return View(stream=body.get("stream") is True,
-                usage=isinstance(options, dict) and options.get("include_usage") is True)
-
-
-def upstream_body(sent: dict[str, Any], stream: bool) -> dict[str, Any]:
-    out = {k: v for k, v in sent.items() if k not in ("stream", "stream_options")}
-    if stream:
-        options = sent.get("stream_options")
-        out["stream"] = True
-        out["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-    return out
-
-
-def render(entry: Entry, view: View) -> bytes:
-    if not view.stream or entry.stream is None:
-        return entry.body
-    return entry.stream + stream_end(entry, view)
-
-
-def stream_end(entry: Entry, view: View) -> bytes:
-    return (entry.tail or b"") + DONE if view.usage else DONE
-
-
 class ChoicesRecorder(Recorder):
     """A chat or text completion stream: frames without usage, assembled on finish."""
 
@@ -195,9 +188,15 @@ class ChoicesRecorder(Recorder):
         for name, value in chunk.items():
             if name not in _NOT_HEAD and value is not None:
                 self.envelope.setdefault(name, value)
-        self.model = str(self.envelope.get("model") or "")
-        fingerprint = self.envelope.get("system_fingerprint")
-        self.fingerprint = fingerprint if isinstance(fingerprint, str) and fingerprint else None
+
+    @property
+    def model(self) -> str:
+        return str(self.envelope.get("model") or "")
+
+    @property
+    def fingerprint(self) -> str | None:
+        value = self.envelope.get("system_fingerprint")
+        return value if isinstance(value, str) and value else None
 
     def finish(self) -> Entry:
         if not self.done:
@@ -221,16 +220,25 @@ class ChoicesSurface(Surface):
     sampling = frozenset({"temperature", "top_p", "top_k", "seed", "n"})
 
     def view(self, body: dict) -> View:
-        return view(body)
+        options = body.get("stream_options")
+        return View(stream=body.get("stream") is True,
+                    usage=isinstance(options, dict) and options.get("include_usage") is True)
 
     def upstream_body(self, sent: dict, stream: bool) -> dict:
-        return upstream_body(sent, stream)
+        out = {k: v for k, v in sent.items() if k not in ("stream", "stream_options")}
+        if stream:
+            options = sent.get("stream_options")
+            out["stream"] = True
+            out["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        return out
 
     def render(self, entry: Entry, view: View) -> bytes:
-        return render(entry, view)
+        if not view.stream or entry.stream is None:
+            return entry.body
+        return entry.stream + self.stream_end(entry, view)
 
     def stream_end(self, entry: Entry, view: View) -> bytes:
-        return stream_end(entry, view)
+        return (entry.tail or b"") + DONE if view.usage else DONE
 
     def fingerprint(self, body: bytes) -> str | None:
         parsed = orjson.loads(body)

@@ -7,10 +7,11 @@ import orjson
 from pydantic import StrictStr, TypeAdapter
 
 from gateway.apis import choices
-from gateway.apis.surface import Recorder, input_texts
+from gateway.apis.surface import Recorder, as_dict, input_texts
 from gateway.apis.validation import Sampling, Tokens
 from gateway.cache.entry import Entry
 from gateway.policy import canonical as c
+from gateway.upstream.sse import frame
 
 
 class CompletionRequest(Sampling):
@@ -42,10 +43,6 @@ def _add(choice: dict[str, Any], part: dict[str, Any]) -> None:
     choices.add_tail(choice, part)
 
 
-def _dict(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
 class Completions(choices.ChoicesSurface):
     name = "completions"
     path = "/completions"
@@ -59,7 +56,7 @@ class Completions(choices.ChoicesSurface):
         parsed = orjson.loads(payload)
         found = choices.check_answer(upstream, parsed, payload)
         head = choices.head(parsed, "text_completion")
-        stream = b"".join(choices.frame(orjson.dumps({**head, "choices": [choice]})) for choice in found)
+        stream = b"".join(frame(orjson.dumps({**head, "choices": [choice]})) for choice in found)
         return Entry(payload, stream, str(parsed.get("model") or ""), choices.finish_class(found),
                      choices.usage_frame(parsed, "text_completion"))
 
@@ -68,11 +65,11 @@ class Completions(choices.ChoicesSurface):
 
     def answer_parts(self, parsed: dict) -> list:
         found = parsed.get("choices")
-        return [_dict(choice).get("text") for choice in (found if isinstance(found, list) else ())]
+        return [as_dict(choice).get("text") for choice in (found if isinstance(found, list) else ())]
 
     def answer_text(self, response: dict) -> str:
         found = response.get("choices")
-        first = _dict(found[0]) if isinstance(found, list) and found else {}
+        first = as_dict(found[0]) if isinstance(found, list) and found else {}
         return str(first.get("text", ""))
 
 

@@ -25,6 +25,7 @@ import orjson
 from gateway.apis.surface import NotAnAnswer, Recorder
 from gateway.cache.entry import Entry
 from gateway.errors import UpstreamError
+from gateway.upstream.sse import frame
 
 COMPLETED = "response.completed"
 _UNFINISHED = frozenset({"response.failed", "response.incomplete"})
@@ -49,11 +50,7 @@ class ErrorEvent(UpstreamError):
         error = {"message": str(event.get("message") or "the upstream's stream failed"), "type": "upstream_error",
                  "param": event.get("param"), "code": event.get("code")}
         super().__init__(502, orjson.dumps({"error": error}))
-        self.event = frame("error", payload)
-
-
-def frame(kind: str, payload: bytes) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + payload + b"\n\n"
+        self.event = frame(payload, "error")
 
 
 def check(upstream: str, parsed: Any, payload: bytes) -> dict:
@@ -77,7 +74,7 @@ def synthesized(response: dict) -> tuple[bytes, bytes]:
     frames: list[bytes] = []
 
     def emit(kind: str, **fields: Any) -> bytes:
-        out = frame(kind, orjson.dumps({"type": kind, **fields, "sequence_number": next(numbers)}))
+        out = frame(orjson.dumps({"type": kind, **fields, "sequence_number": next(numbers)}), kind)
         frames.append(out)
         return out
 
@@ -143,7 +140,7 @@ class EventRecorder(Recorder):
             raise UpstreamError.broken_stream(self.upstream, f"an event after {self.end[0]}")
         if kind == "error":
             raise ErrorEvent(event, payload)
-        out = frame(kind, payload)
+        out = frame(payload, kind)
         response = event.get("response")
         if isinstance(response, dict) and not self.model:
             self.model = str(response.get("model") or "")

@@ -34,7 +34,7 @@ from pydantic import (
 )
 
 from gateway.apis import response_events as events
-from gateway.apis.surface import Recorder, Surface, View
+from gateway.apis.surface import Recorder, Surface, View, as_dict, as_list
 from gateway.apis.validation import Number, Open
 from gateway.cache.entry import Entry
 from gateway.errors import ApiError, UpstreamError
@@ -43,9 +43,10 @@ from gateway.policy.canonical import Fields
 from gateway.strategies.schema_check import (
     JSON_OBJECT,
     SchemaError,
+    call_feedback,
     check_calls,
     check_content,
-    listing,
+    content_feedback,
 )
 from gateway.strategies.vote import tool_calls_text
 
@@ -125,15 +126,8 @@ _PART = c.by_type({
 })
 
 
-def _content(value: Any, trace: c.Trace) -> Any:
-    """A message's content, or a function call's output: a string, or a list of parts."""
-    if not isinstance(value, list):
-        return c.text_field(value, trace)
-    if len(value) == 1 and isinstance(value[0], dict) and value[0].keys() == {"type", "text"} \
-            and value[0]["type"] == "input_text" and isinstance(value[0]["text"], str):
-        trace.append("content_shape")
-        return c.text(value[0]["text"], trace)
-    return [_PART(part, trace) for part in value]
+# A message's content, or a function call's output: a string, or a list of parts.
+_content = c.content_of(_PART, "input_text")
 
 
 # The input items the gateway reads; reasoning items (their encrypted_content is opaque),
@@ -201,22 +195,14 @@ _FIELDS = Fields(
 )
 
 
-def _dict(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list:
-    return value if isinstance(value, list) else []
-
-
 def _output_text(response: dict) -> str:
-    return "".join(part["text"] for item in _list(response.get("output")) if _dict(item).get("type") == "message"
-                   for part in map(_dict, _list(item.get("content")))
+    return "".join(part["text"] for item in as_list(response.get("output")) if as_dict(item).get("type") == "message"
+                   for part in map(as_dict, as_list(item.get("content")))
                    if part.get("type") == "output_text" and isinstance(part.get("text"), str))
 
 
 def _calls(response: dict) -> list[tuple[int, dict]]:
-    return [(i, item) for i, item in enumerate(map(_dict, _list(response.get("output"))))
+    return [(i, item) for i, item in enumerate(map(as_dict, as_list(response.get("output"))))
             if item.get("type") == "function_call"]
 
 
@@ -268,11 +254,11 @@ class Responses(Surface):
         for name in ("instructions", "input"):
             if isinstance(body.get(name), str):
                 yield name, body[name]
-        for i, item in enumerate(_list(body.get("input"))):
-            content = _dict(item).get("content")
+        for i, item in enumerate(as_list(body.get("input"))):
+            content = as_dict(item).get("content")
             if isinstance(content, str):
                 yield f"input[{i}].content", content
-            for j, part in enumerate(map(_dict, _list(content))):
+            for j, part in enumerate(map(as_dict, as_list(content))):
                 if isinstance(part.get("text"), str):
                     yield f"input[{i}].content[{j}].text", part["text"]
 
@@ -301,17 +287,17 @@ class Responses(Surface):
 
     def answer_id(self, body: bytes) -> str | None:
         try:
-            found = _dict(orjson.loads(body)).get("id")
+            found = as_dict(orjson.loads(body)).get("id")
         except orjson.JSONDecodeError:
             return None
         return found if isinstance(found, str) and found else None
 
     def answer_parts(self, parsed: dict) -> list:
         parts = []
-        for item in map(_dict, _list(parsed.get("output"))):
+        for item in map(as_dict, as_list(parsed.get("output"))):
             if item.get("type") == "message":
-                parts.append({"content": [{k: v for k, v in _dict(p).items() if k != "logprobs"}
-                                          for p in _list(item.get("content"))]})
+                parts.append({"content": [{k: v for k, v in as_dict(p).items() if k != "logprobs"}
+                                          for p in as_list(item.get("content"))]})
             elif item.get("type") == "function_call":
                 parts.append({"name": item.get("name"), "arguments": item.get("arguments")})
             else:
@@ -329,7 +315,7 @@ class Responses(Surface):
         return tool_calls_text((call.get("name"), call.get("arguments", "")) for _, call in calls)
 
     def requested_schema(self, body: dict) -> tuple[str, dict] | None:
-        form = _dict(_dict(body.get("text")).get("format"))
+        form = as_dict(as_dict(body.get("text")).get("format"))
         if form.get("type") == "json_object":
             return "text.format", JSON_OBJECT
         if form.get("type") == "json_schema":
@@ -338,14 +324,14 @@ class Responses(Surface):
 
     def tool_schemas(self, body: dict) -> list[tuple[str, Any]]:
         return [(f"tools[{i}].parameters", tool.get("parameters", {}))
-                for i, tool in enumerate(map(_dict, _list(body.get("tools")))) if tool.get("type") == "function"]
+                for i, tool in enumerate(map(as_dict, as_list(body.get("tools")))) if tool.get("type") == "function"]
 
     def problems(self, response: dict, request: dict, schema: dict | None) -> list[SchemaError]:
-        if not _list(response.get("output")):
+        if not as_list(response.get("output")):
             return [SchemaError("$", "", "the response has no output")]
         calls = _calls(response)
         if calls:
-            parameters = {tool["name"]: tool.get("parameters", {}) for tool in map(_dict, _list(request.get("tools")))
+            parameters = {tool["name"]: tool.get("parameters", {}) for tool in map(as_dict, as_list(request.get("tools")))
                           if tool.get("type") == "function" and "name" in tool}
             return check_calls([(f"output[{i}]", call.get("name"), call.get("arguments")) for i, call in calls],
                                parameters)
@@ -355,27 +341,18 @@ class Responses(Surface):
         """The input so far, the failed answer, then the errors addressed to the model (an
         output for every function call, as the API requires each call answered)."""
         given = request.get("input")
-        so_far = [{"role": "user", "content": given}] if isinstance(given, str) else list(_list(given))
+        so_far = [{"role": "user", "content": given}] if isinstance(given, str) else list(as_list(given))
         calls = _calls(response)
         if calls:
             turn = []
             for i, call in calls:
                 turn.append({k: call[k] for k in ("type", "call_id", "name", "arguments") if k in call})
                 turn.append({"type": "function_call_output", "call_id": call.get("call_id", ""),
-                             "output": _call_feedback(i, errors)})
+                             "output": call_feedback(errors, f"output[{i}]")})
         else:
             turn = [{"role": "assistant", "content": _output_text(response)},
-                    {"role": "user", "content": "Your answer does not match the required JSON schema. Errors "
-                                                "(JSONPath in your answer: problem (failing schema keyword)):\n"
-                                                f"{listing(errors)}\nAnswer again with only the corrected JSON."}]
+                    {"role": "user", "content": content_feedback(errors)}]
         return {**request, "input": [*so_far, *turn]}
-
-
-def _call_feedback(i: int, errors: list[SchemaError]) -> str:
-    own = [e for e in errors if e.path.startswith(f"output[{i}].")]
-    return (f"Rejected, not run: the arguments do not match the tool's schema.\n{listing(own)}\n"
-            "Call the tool again with arguments that fix every error." if own else
-            "Not run, because another tool call in this turn was rejected; call it again.")
 
 
 SURFACE = Responses()

@@ -35,6 +35,17 @@ class View:
     usage: bool = False  # a stream that ends with a usage event (OpenAI's include_usage)
 
 
+def as_dict(value: Any) -> dict:
+    """An object from a body that may hold anything there (an upstream's answer, a client's
+    request): the object, or an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value: Any) -> list:
+    """The same for a list."""
+    return value if isinstance(value, list) else []
+
+
 def input_texts(body: dict, name: str) -> Iterator[tuple[str, str]]:
     """(path, text) of a prompt-like field: a string, or a list whose strings are prompts
     (token-id lists hold no text)."""

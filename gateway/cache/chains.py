@@ -35,12 +35,12 @@ class Chains:
     def __init__(self, flights: SingleFlight, secret: bytes) -> None:
         self.flights = flights
         self.secret = secret
-        self._written: dict[tuple[Tenant, str, str], None] = {}  # by (tenant, upstream, answer id)
-        self._keys: dict[tuple[Tenant, str, str], None] = {}  # by (tenant, upstream, entry key)
+        # (tenant, upstream, the entry's key, or for an answer not stored its id): links written
+        self._written: dict[tuple[Tenant, str, str], None] = {}
 
     def known(self, tenant: Tenant, upstream: str, key: str) -> bool:
         """Whether the link of the entry stored under `key` is known stored for `tenant`."""
-        return (tenant, upstream, key) in self._keys
+        return (tenant, upstream, key) in self._written
 
     def _key(self, tenant: Tenant, upstream: str, answer: str) -> str:
         # The tenant's name as well as its namespace: tenants that share entries still
@@ -52,7 +52,7 @@ class Chains:
         """Record that `tenant` was served `entry`, whose id is `answer`, stored under `key`
         ("" when it was not stored). The link ages out with the entry (an unstored one's
         as an entry of its model would). Raises StoreError."""
-        seen = (tenant, upstream, answer)
+        seen = (tenant, upstream, key or "#" + answer)  # "#": no cache key starts so
         if seen in self._written:
             return
         now = now_in_ms()
@@ -67,10 +67,9 @@ class Chains:
         value = Entry(key.encode(), None, entry.model, LINK, expires_ms=expires)
         await self.flights.store.commit(link, self.flights.sealer.seal(link, value), _OWNER,
                                         ttl_ms=expires - now if expires is not None else 0)
-        for memo, item in ((self._written, seen), *(((self._keys, (tenant, upstream, key)),) if key else ())):
-            if len(memo) >= self.MEMO:
-                del memo[next(iter(memo))]
-            memo[item] = None
+        if len(self._written) >= self.MEMO:
+            del self._written[next(iter(self._written))]
+        self._written[seen] = None
 
     async def parent(self, tenant: Tenant, upstream: str, answer: str) -> str | None:
         """The key the answer `answer` is stored under ("" for one served unstored); None for

@@ -68,6 +68,8 @@ async def observe(request: web.Request, handler) -> web.StreamResponse:
         cache = request.get(CACHE, "bypass")
         model = request.get(MODEL, "")
         metrics.observe_request(route, model, cache, str(status), elapsed)
-        request.app[ACCESS_LOG].write({"method": request.method, "path": request.path, "status": status, "route": route,
-                     "model": model, "cache": cache, "key": request.get(KEY), "tenant": request.get(TENANT),
-                     "ms": round(elapsed * 1000, 3)})
+        access = request.app[ACCESS_LOG]
+        if access.stream is not None:  # the line is not even built when access logging is off
+            access.write({"method": request.method, "path": request.path, "status": status, "route": route,
+                          "model": model, "cache": cache, "key": request.get(KEY), "tenant": request.get(TENANT),
+                          "ms": round(elapsed * 1000, 3)})

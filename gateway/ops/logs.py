@@ -46,8 +46,7 @@ class AccessLog:
         self._flush_due = False
 
     def write(self, fields: dict) -> None:
-        if self.stream is None:
-            return
+        """Callers check `stream` first: off (None), there is nothing to write to."""
         line = {"ts": round(time.time(), 6), "level": "info", "logger": "detgate.access", **fields}
         self.stream.write(orjson.dumps(line, default=str) + b"\n")
         if not self._flush_due:

@@ -393,21 +393,19 @@ def stop(value: Any, trace: Trace) -> Any:
     return unique
 
 
-def _is_plain_text_part(part: Any) -> bool:
-    return (
-        isinstance(part, dict) and part.keys() == {"type", "text"}
-        and part["type"] == "text" and isinstance(part["text"], str)
-    )
-
-
-def content(value: Any, trace: Trace) -> Any:
-    """A message's content: a string, or a list of parts (`PART_TYPES`)."""
-    if isinstance(value, list):
-        if len(value) == 1 and _is_plain_text_part(value[0]):
+def content_of(part: FieldRule, text_type: str = "text") -> FieldRule:
+    """A message's content: a string, or a list of parts each read by `part`. A list of one
+    plain text part (`{"type": text_type, "text": ...}` and nothing else) is that text,
+    as every API that has both forms defines it."""
+    def rule_content(value: Any, trace: Trace) -> Any:
+        if not isinstance(value, list):
+            return text_field(value, trace)
+        if len(value) == 1 and isinstance(value[0], dict) and value[0].keys() == {"type", "text"} \
+                and value[0]["type"] == text_type and isinstance(value[0]["text"], str):
             trace.append("content_shape")
             return text(value[0]["text"], trace)
-        return [content_part(part, trace) for part in value]
-    return text_field(value, trace)
+        return [part(item, trace) for item in value]
+    return rule_content
 
 
 # OpenAI's chat content parts and message, function and tool objects, shared by the
@@ -420,7 +418,7 @@ PART_TYPES: dict[str, Fields] = {
     "input_audio": Fields({"type": plain, "input_audio": plain}),
     "file": Fields({"type": plain, "file": plain}),
 }
-content_part = by_type(PART_TYPES)
+content = content_of(by_type(PART_TYPES))
 
 MESSAGE = Fields(
     {"role": plain, "content": content, "name": text_field, "refusal": text_field, "tool_calls": plain,

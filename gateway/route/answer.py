@@ -45,7 +45,7 @@ async def answer(request: web.Request, tenant: Tenant, surface: Surface, flight:
             return upstream_error(exc, surface, {**headers, "x-detgate-cache": cache})
         cache = settle(request, outcome, cache, headers)
         if surface.chains:
-            await own(request, tenant, surface, outcome.entry, cache if outcome.stored else "bypass")
+            await own(request, tenant, surface, outcome.entry, outcome.stored and cache != "bypass")
         return respond(request, surface, outcome.entry, view, cache, headers)
     return await _stream_live(request, tenant, surface, flight, cache, view, headers)
 
@@ -69,7 +69,7 @@ async def _stream_live(request: web.Request, tenant: Tenant, surface: Surface, f
             await response.write(surface.in_band_error(exc))
             return response
         if surface.chains:
-            await own(request, tenant, surface, outcome.entry, cache if outcome.stored else "bypass")
+            await own(request, tenant, surface, outcome.entry, outcome.stored and cache != "bypass")
         await response.write(surface.stream_end(outcome.entry, view))
     except ConnectionResetError:
         pass  # the client left; the flight goes on and is stored if it completes

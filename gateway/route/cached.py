@@ -107,7 +107,7 @@ def cached_route(surface: Surface):
                                    _producer(call, gateway.client, drift, prepared.model, headers), headers)
         if isinstance(found, Entry):
             if surface.chains:
-                await own(request, prepared.tenant, surface, found, "hit")
+                await own(request, prepared.tenant, surface, found, True)
             return respond(request, surface, found, prepared.view, "hit", headers)
         _flag_hidden(request, call, headers)
         return await answer(request, prepared.tenant, surface, *found, prepared.view, headers)

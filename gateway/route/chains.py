@@ -62,18 +62,18 @@ def _shared_credential(app: web.Application) -> bool:
     return not app[SETTINGS].passthrough_auth and len({tenant.name for _, tenant in app[TENANTS].keys}) > 1
 
 
-async def own(request: web.Request, tenant: Tenant, surface: Surface, entry: Entry, cache: str) -> None:
-    """Record that `tenant` was served `entry`, so that a later request of its own may
-    continue it (Surface.answer_id); before the answer's end goes out, which a client may
-    act on at once."""
+async def own(request: web.Request, tenant: Tenant, surface: Surface, entry: Entry, stored: bool) -> None:
+    """Record that `tenant` was served `entry` (in the store under the request's key, or not
+    `stored`), so that a later request of its own may continue it (Surface.answer_id);
+    before the answer's end goes out, which a client may act on at once."""
     chains = request.app[GATEWAY].chains
-    stored = request[KEY] if cache != "bypass" else ""
-    if stored and chains.known(tenant, request[UPSTREAM], stored):
+    key = request[KEY] if stored else ""
+    if key and chains.known(tenant, request[UPSTREAM], key):
         return  # a hot hit: its link is written, and its body need not be read again
     answer = surface.answer_id(entry.body)
     if answer is None:
         return
     try:
-        await chains.served(tenant, request[UPSTREAM], answer, stored, entry)
+        await chains.served(tenant, request[UPSTREAM], answer, key, entry)
     except StoreError:
         request.app[METRICS].cache_errors.labels("put").inc()

@@ -115,6 +115,21 @@ def summary(errors: Sequence[SchemaError], limit: int = 5) -> str:
     return f"the answer does not match its schema: {shown}{more}"
 
 
-def listing(errors: Sequence[SchemaError]) -> str:
-    """The errors as the lines of a retry's feedback to the model."""
+def _listing(errors: Sequence[SchemaError]) -> str:
     return "\n".join(f"- {e}" for e in errors)
+
+
+def content_feedback(errors: Sequence[SchemaError]) -> str:
+    """What a retry tells the model of an answer whose content fails its schema."""
+    return ("Your answer does not match the required JSON schema. Errors (JSONPath in your answer: problem "
+            f"(failing schema keyword)):\n{_listing(errors)}\nAnswer again with only the corrected JSON.")
+
+
+def call_feedback(errors: Sequence[SchemaError], path: str) -> str:
+    """What a retry tells the model of the tool call at `path` (each call must be answered):
+    its own errors, or that another call of the turn was rejected."""
+    own = [e for e in errors if e.path.startswith(path + ".")]
+    if not own:
+        return "Not run, because another tool call in this turn was rejected; call it again."
+    return (f"Rejected, not run: the arguments do not match the tool's schema.\n{_listing(own)}\n"
+            "Call the tool again with arguments that fix every error.")

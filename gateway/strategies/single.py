@@ -41,6 +41,7 @@ async def single(call: Call, client: UpstreamClient, feed: Feed) -> Entry:
     async for payload in client.stream(upstream, surface.path, call.body, call.headers):
         frame = recorder.push(payload)
         if frame is not None:
-            feed.model, feed.fingerprint = recorder.model, recorder.fingerprint
+            if not feed.events:  # what the first frame said, for the live response's headers
+                feed.model, feed.fingerprint = recorder.model, recorder.fingerprint
             feed.push(frame)
     return recorder.finish()

@@ -16,6 +16,7 @@ import orjson
 from gateway.config import UpstreamConfig
 from gateway.errors import UpstreamError
 from gateway.ops.metrics import Metrics
+from gateway.upstream import sse
 from gateway.upstream.deadline import Deadline, client_timeout
 from gateway.upstream.resilience import Resilience
 
@@ -120,7 +121,7 @@ class UpstreamClient:
         # breaks mid-way counts against the upstream's health like any other failure.
         async with self.resilience.guard(upstream.name, deadline), \
                 self._post(upstream, path, data, headers, deadline) as resp:
-            async for payload in _sse_payloads(resp.content):
+            async for payload in sse.payloads(resp.content):
                 yield payload
                 if payload == b"[DONE]":
                     return
@@ -148,19 +149,3 @@ def _check_json(upstream: str, payload: bytes) -> None:
     except ValueError as exc:
         raise UpstreamError.unreachable(upstream, "it answered 200 with a body that is not a JSON object",
                                         repr(exc)) from exc
-
-
-async def _sse_payloads(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """Event payloads: `data:` lines joined by newlines, an event ending at a blank line."""
-    lines: list[bytes] = []
-    async for raw in content:
-        line = raw.rstrip(b"\r\n")
-        if not line:
-            if lines:
-                yield b"\n".join(lines)
-                lines = []
-        elif line.startswith(b"data:"):
-            value = line[5:]
-            lines.append(value[1:] if value.startswith(b" ") else value)
-    if lines:
-        yield b"\n".join(lines)

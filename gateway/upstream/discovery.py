@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 
 from gateway.config import Settings, UpstreamConfig
+from gateway.upstream.wires import credential_headers
 
 log = logging.getLogger("detgate")
 
@@ -35,10 +36,11 @@ def announced(models: Any) -> str | None:
 
 
 async def _ask(session: aiohttp.ClientSession, upstream: UpstreamConfig) -> str | None:
-    authorization = upstream.authorization()
+    # Asked as an OpenAI-compatible server is: only an upstream without a profile is asked.
+    headers = dict(credential_headers("openai", upstream.key()))
     try:
-        async with session.get(upstream.url + "/models", headers={"Authorization": authorization} if authorization
-                               else None, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as resp:
+        async with session.get(upstream.url + "/models", headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as resp:
             if resp.status != 200:
                 return None
             return announced(orjson.loads(await resp.read()))

@@ -13,7 +13,6 @@ Run alone (for benchmarks, taking calls without a key): python tests/fakes/anthr
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import random
@@ -24,7 +23,7 @@ from fnmatch import fnmatchcase
 import orjson
 from aiohttp import web
 
-from fakes.openai_upstream import WORDS, Noise
+from fakes.openai_upstream import WORDS, Noise, dumps, serve
 
 # Model families by what they take (as the provider's docs and its 400s describe them).
 NO_SAMPLING = ("claude-opus-4-7*", "claude-opus-4-8*", "claude-opus-5*", "claude-sonnet-5*", "claude-haiku-5*",
@@ -117,9 +116,9 @@ class FakeAnthropic:
             return _error(400, refused)
         message = self._message(body)
         if self.behaviour.error_200:
-            return web.json_response(_error_body(529, "overloaded"), dumps=_dumps)
+            return web.json_response(_error_body(529, "overloaded"), dumps=dumps)
         if not body.get("stream"):
-            return web.json_response(message, dumps=_dumps)
+            return web.json_response(message, dumps=dumps)
         return await self._stream(request, self._events(message))
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
@@ -301,18 +300,8 @@ def _error(status: int, message: str) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(_error_body(status, message)), content_type="application/json")
 
 
-def _dumps(obj) -> str:
-    return orjson.dumps(obj).decode()
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=9001)
-    parser.add_argument("--words", type=int, nargs=2, default=(5, 40))
-    args = parser.parse_args()
-    web.run_app(FakeAnthropic(Noise(words=tuple(args.words)), check_key=False).app(), host=args.host, port=args.port,
-                access_log=None, print=None)
+    serve(__doc__.splitlines()[0], 9001, lambda noise: FakeAnthropic(noise, check_key=False).app())
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import orjson
 from aiohttp import web
@@ -134,7 +134,7 @@ class FakeUpstream:
         fault = request.get(FAULT)
         if fault in ("stall", "broken"):
             return await self.faults.whole(request, orjson.dumps(payload), fault)
-        return web.json_response(payload, dumps=_dumps)
+        return web.json_response(payload, dumps=dumps)
 
     def _text(self) -> str:
         if self.behaviour.answer is not None:
@@ -309,18 +309,22 @@ def _prompts(prompt) -> list:
     return [prompt]
 
 
-def _dumps(obj) -> str:
+def dumps(obj) -> str:
     return orjson.dumps(obj).decode()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def serve(description: str, port: int, app_for: Callable[[Noise], web.Application]) -> None:
+    """Run a fake alone (for benchmarks): --host, --port, --words (its answers' length range)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--port", type=int, default=port)
     parser.add_argument("--words", type=int, nargs=2, default=(5, 40))
     args = parser.parse_args()
-    web.run_app(FakeUpstream(Noise(words=tuple(args.words))).app(), host=args.host, port=args.port,
-                access_log=None, print=None)
+    web.run_app(app_for(Noise(words=tuple(args.words))), host=args.host, port=args.port, access_log=None, print=None)
+
+
+def main() -> None:
+    serve(__doc__.splitlines()[0], 9000, lambda noise: FakeUpstream(noise).app())
 
 
 if __name__ == "__main__":

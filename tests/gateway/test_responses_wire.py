@@ -5,10 +5,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.apis.response_events import ErrorEvent, Unfinished, frame
+from gateway.apis.response_events import ErrorEvent, Unfinished
 from gateway.apis.responses import SURFACE
 from gateway.errors import UpstreamError
 from gateway.policy.canonical import canonical_json
+from gateway.upstream.sse import frame
 
 
 def key(body: dict, text: bool = True) -> bytes:
@@ -113,7 +114,7 @@ def test_a_terminal_without_output_is_assembled_from_the_done_items():
     cut = whole.tail.split(b"\ndata: ")[1][:-2]
     event = orjson.loads(cut)
     event["response"]["output"] = None
-    recorded = record(whole.stream + frame("response.completed", orjson.dumps(event)))
+    recorded = record(whole.stream + frame(orjson.dumps(event), "response.completed"))
     assert orjson.loads(recorded.body)["output"] == response()["output"]
 
 
@@ -131,13 +132,13 @@ def test_a_stream_that_does_not_complete_is_not_an_answer():
     with pytest.raises(UpstreamError) as cut:
         record(whole.stream)
     assert cut.value.code == "upstream_stream_broken"
-    failed = frame("response.failed", orjson.dumps({"type": "response.failed", "response": response("failed")}))
+    failed = frame(orjson.dumps({"type": "response.failed", "response": response("failed")}), "response.failed")
     with pytest.raises(Unfinished):
         record(whole.stream + failed)
     error = orjson.dumps({"type": "error", "code": "server_error", "message": "boom", "param": None,
                           "sequence_number": 9})
     with pytest.raises(ErrorEvent) as failure:
-        record(whole.stream + frame("error", error))
+        record(whole.stream + frame(error, "error"))
     assert failure.value.status == 502 and orjson.loads(failure.value.body)["error"]["code"] == "server_error"
     assert SURFACE.in_band_error(failure.value) == b"event: error\ndata: " + error + b"\n\n"
     for bad in (b'{"type": "x\\ny"}', b'[1]', b'{"type": "response.completed"'):
