@@ -7,8 +7,9 @@ local_backend/smollm2.py, cached under .cache/), fp32, greedy, for the short cha
 one (640 prompt tokens, past one 512-token prefill chunk). Both generate exactly --tokens new
 tokens (neither stops at end-of-sequence) from the same prompt ids, in one process, runs of the
 two alternating so that load from elsewhere on the machine falls on both alike; the median of
---repeats is reported, with the tokens compared. The backend runs its engine loop synchronously
-(scheduler, paged KV cache, model runner, sampler; no HTTP). Writes backend_cpu_smollm2.{md,json}.
+--repeats is reported, with the tokens compared. The backend runs Engine.greedy, its engine loop
+on this thread (scheduler, paged KV cache, model runner, sampler; no HTTP). Writes
+backend_cpu_smollm2.{md,json}.
 """
 from __future__ import annotations
 
@@ -26,25 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from local_backend.config import EngineConfig  # noqa: E402
 from local_backend.engine.llm_engine import Engine  # noqa: E402
-from local_backend.engine.sequence import Sequence  # noqa: E402
 from local_backend.metrics import Metrics  # noqa: E402
-from local_backend.sampling_params import SamplingParams  # noqa: E402
 from local_backend.smollm2 import CHATS, checkpoint  # noqa: E402
+from md_table import markdown_table  # noqa: E402  (this script's folder is on sys.path)
 
 PROMPTS = ("short", "long")
-
-
-def backend_greedy(engine: Engine, prompt: list[int], n: int) -> list[int]:
-    params = SamplingParams(seed=0, max_tokens=n, temperature=0.0, ignore_eos=True)
-    seq = Sequence(0, list(prompt), len(prompt), params, use_prefix_cache=False)
-    engine.scheduler.add(seq)
-    while seq.num_generated < n:
-        scheduled = engine.scheduler.schedule()
-        samples = engine.runner.step(scheduled).samples
-        engine.scheduler.after_step(scheduled)
-        seq.token_ids.extend(s.token for s in samples)
-    engine.scheduler.remove(seq)
-    return seq.token_ids[len(prompt):]
 
 
 def transformers_greedy(model, prompt: list[int], n: int) -> list[int]:
@@ -83,7 +70,7 @@ def main() -> None:
             ours, theirs, same = [], [], True
             for _ in range(args.repeats):
                 t_theirs, hf_tokens = timed(transformers_greedy, model, prompt, args.tokens)
-                t_ours, our_tokens = timed(backend_greedy, engine, prompt, args.tokens)
+                t_ours, our_tokens = timed(engine.greedy, prompt, args.tokens)
                 theirs.append(t_theirs)
                 ours.append(t_ours)
                 same &= hf_tokens == our_tokens
@@ -96,9 +83,7 @@ def main() -> None:
                                                    "backend": [round(t, 3) for t in ours]}}
             rows.append(row)
             print(row, flush=True)
-    cols = [c for c in rows[0] if c != "runs_s"]
-    table = "\n".join(["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
-                      + ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows])
+    table = markdown_table(rows, [c for c in rows[0] if c != "runs_s"])
     load = os.getloadavg()
     result = {"cpus": os.cpu_count(), "load_average_at_end": load, "torch": torch.__version__, "rows": rows}
     out = Path(args.out)

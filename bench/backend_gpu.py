@@ -30,8 +30,9 @@ import torch  # noqa: E402
 import backend_latency  # noqa: E402
 import backend_scoring  # noqa: E402
 from backend_determinism import KINDS, Client, run_all  # noqa: E402
-from backend_server import backend  # noqa: E402
+from backend_server import backend, metrics  # noqa: E402
 from backend_throughput import transformers_sweep  # noqa: E402
+from kernels_sampling import copy_gbps  # noqa: E402
 from local_backend.random_checkpoint import SHAPES, numbered_tokenizer, write_checkpoint  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -74,14 +75,7 @@ def transformers_logprobs(path: Path, prompts: list[list[int]]) -> list[dict]:
 
 def engine_stats(url: str) -> dict:
     """What the engine did, from its own /metrics: how varied the batches were, cache use."""
-    import urllib.request
-    with urllib.request.urlopen(url + "/metrics") as r:
-        lines = r.read().decode().splitlines()
-    values = {}
-    for line in lines:
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
+    values = metrics(url)
     steps = values.get("detgate_backend_batch_size_count", 0)
     buckets = {name.split('le="')[1].rstrip('"}'): v for name, v in values.items()
                if name.startswith("detgate_backend_batch_size_bucket")}
@@ -97,22 +91,6 @@ def compare_logprobs(ours: list[dict], theirs: list[dict]) -> dict:
     top1 = sum(max(a, key=a.get) == max(b, key=b.get) for a, b in zip(ours, theirs))
     diffs = [abs(a[t] - b[t]) for a, b in zip(ours, theirs) for t in a if t in b]
     return {"prompts": len(ours), "top1_agree": top1, "max_abs_logprob_diff": round(max(diffs), 4) if diffs else None}
-
-
-def copy_bandwidth() -> float:
-    """Bytes read plus written per second by a large device-to-device copy."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * 10 * (1 << 30) / (start.elapsed_time(end) / 1e3)
 
 
 def step_bytes(shape: dict, concurrency: int, context: int) -> tuple[int, int]:
@@ -318,7 +296,8 @@ def main() -> None:
     deadline = time.monotonic() + args.total_s
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_gbps() * 1e9   # bytes read plus written per second
+    torch.cuda.empty_cache()   # the copy's 2 GiB go back before the servers start
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
            "copy_bandwidth_gbs": round(bandwidth / 1e9, 1), "n_requested": args.n,
            "background_concurrency": args.concurrency}

@@ -1,7 +1,7 @@
 """Where a running backend's time goes, per scenario, beside what a user sees.
 
 For each concurrency c (random 128-token prompts, 128 generated tokens each, greedy, EOS
-ignored): generated tokens/s of non-streaming requests (as backend_throughput.py), and
+ignored): generated tokens/s of non-streaming requests (backend_throughput.py's wave), and
 from the engine's own /metrics over that run, per engine step: wall time, GPU time of the
 forward pass and of the sampler (logits, sampling), host time inside the step (the rest
 of it: scheduling, block tables, staging, launches) and outside it (the engine loop
@@ -18,21 +18,16 @@ import asyncio
 import json
 import random
 import time
-import urllib.request
 
 from backend_determinism import Client
+from backend_server import metrics
+from backend_throughput import greedy_wave
 
 LEVELS = (1, 32, 256)
 
 
 def engine_counters(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url + "/metrics") as r:
-        lines = r.read().decode().splitlines()
-    values = {}
-    for line in lines:
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
+    values = metrics(url)
     return {"steps": values.get("detgate_backend_batch_size_count", 0.0),
             "step_wall": values.get("detgate_backend_step_duration_seconds_sum", 0.0),
             "gpu_forward": values.get('detgate_backend_step_gpu_seconds_total{phase="forward"}', 0.0),
@@ -71,11 +66,8 @@ async def streamed(client: Client, prompt: list[int], max_tokens: int) -> tuple[
 
 
 async def level(client: Client, url: str, rng: random.Random, c: int, prompt_len: int, gen_len: int) -> dict:
-    prompts = [client.prompt(rng, prompt_len) for _ in range(c)]
     before = engine_counters(url)
-    start = time.perf_counter()
-    await asyncio.gather(*(client.complete(p, gen_len, logprobs=False, temperature=0) for p in prompts))
-    wall = time.perf_counter() - start
+    wall = await greedy_wave(client, rng, c, prompt_len, gen_len)
     row = {"concurrency": c, "tok_per_s": round(c * gen_len / wall, 1),
            "per_step": breakdown(before, engine_counters(url), wall)}
     prompts = [client.prompt(rng, prompt_len) for _ in range(c)]

@@ -1,4 +1,4 @@
-"""Start `detgate backend` in a child process for a benchmark, and wait until it serves."""
+"""Start `detgate backend` in a child process for a benchmark, wait until it serves, read its metrics."""
 from __future__ import annotations
 
 import contextlib
@@ -43,3 +43,15 @@ def backend(model: Path, port: int, log_path: Path, *args: str, timeout_s: float
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def metrics(url: str) -> dict[str, float]:
+    """The running backend's /metrics: each sample's name (labels included) -> its value."""
+    with urllib.request.urlopen(url + "/metrics") as r:
+        lines = r.read().decode().splitlines()
+    values = {}
+    for line in lines:
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values

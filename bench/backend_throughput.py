@@ -20,16 +20,21 @@ from backend_determinism import Client
 CONCURRENCY = (1, 4, 16, 32, 64, 128, 256)
 
 
+async def greedy_wave(client: Client, rng: random.Random, c: int, prompt_len: int, gen_len: int) -> float:
+    """Seconds for c greedy requests at once, random prompt_len-token prompts, gen_len new tokens each."""
+    prompts = [client.prompt(rng, prompt_len) for _ in range(c)]
+    start = time.perf_counter()
+    await asyncio.gather(*(client.complete(p, gen_len, logprobs=False, temperature=0) for p in prompts))
+    return time.perf_counter() - start
+
+
 async def backend_sweep(url: str, vocab: int, levels=CONCURRENCY, prompt_len=128, gen_len=128) -> list[dict]:
     rng = random.Random(5)
     rows = []
     async with Client(url, vocab) as client:
         await client.complete(client.prompt(rng, prompt_len), 8, temperature=0)   # warm-up
         for c in levels:
-            prompts = [client.prompt(rng, prompt_len) for _ in range(c)]
-            start = time.perf_counter()
-            await asyncio.gather(*(client.complete(p, gen_len, logprobs=False, temperature=0) for p in prompts))
-            seconds = time.perf_counter() - start
+            seconds = await greedy_wave(client, rng, c, prompt_len, gen_len)
             rows.append({"concurrency": c, "tokens": c * gen_len, "seconds": round(seconds, 3),
                          "tok_per_s": round(c * gen_len / seconds, 1)})
     return rows

@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench.kernels_attention as ka  # noqa: E402
 from kernels import attention_triton  # noqa: E402
+from md_table import markdown_table  # noqa: E402  (this script's folder is on sys.path)
 
 # (group, head_dim, KV heads): Llama/Qwen-like 8 KV heads at 128, SmolLM2-like 3 at 64.
 CASES = [(g, 128, 8) for g in (1, 2, 3, 4, 5, 7, 8)] + [(g, 64, 3) for g in (1, 3, 4, 5, 7)]
@@ -109,12 +110,6 @@ def timings(case, bw, baseline) -> dict:
     return row
 
 
-def table(rows: list[dict]) -> str:
-    cols = list(dict.fromkeys(c for r in rows for c in r))
-    lines = ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", help="the previous kernels/attention_triton.py, for bit equality and speed")
@@ -140,11 +135,11 @@ def main() -> None:
             checks = list(pool.map(check, cases, [args.baseline] * len(cases)))
     if hashes is not None and hashes.wait():
         print(f"cross_gpu_hashes.py failed with exit code {hashes.returncode}", flush=True)
-    print(table(checks), flush=True)
+    print(markdown_table(checks), flush=True)
     ceil = ka.ceilings()
     baseline = load_baseline(args.baseline)
     speed = [timings(case, ceil["copy_GBps"], baseline) for case in cases]
-    print(table(speed), flush=True)
+    print(markdown_table(speed), flush=True)
     result = {"device": torch.cuda.get_device_name(), "ceilings": ceil,
               "toolchain": __import__("kernels").toolchain(torch.device("cuda")), "invariance": checks, "speed": speed}
     out = Path(args.out)
@@ -152,8 +147,8 @@ def main() -> None:
     (out / "kernels_attention_gqa.md").write_text(
         f"# Paged attention for every GQA group ({result['device']}, {result['toolchain']})\n\n"
         f"`python3 bench/kernels_attention_gqa.py --baseline <previous attention_triton.py>`; copy "
-        f"{ceil['copy_GBps']:.0f} GB/s.\n\n## Invariance and accuracy\n\n{table(checks)}\n\n"
-        f"## Speed (median us; decode as a fraction of the copy-bandwidth floor)\n\n{table(speed)}\n")
+        f"{ceil['copy_GBps']:.0f} GB/s.\n\n## Invariance and accuracy\n\n{markdown_table(checks)}\n\n"
+        f"## Speed (median us; decode as a fraction of the copy-bandwidth floor)\n\n{markdown_table(speed)}\n")
 
 
 if __name__ == "__main__":

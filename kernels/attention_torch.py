@@ -19,13 +19,16 @@ def store_kv_torch(k, v, k_cache, v_cache, slot_mapping) -> None:
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-def _pages(cache, pages: list[int], kv_len: int) -> torch.Tensor:
-    """[kv_len, Hkv, D] of one sequence, in position order: a view when its pages are
-    consecutive in the cache (as a lone request's usually are), else a gathered copy."""
+def _sequence_kv(k_cache, v_cache, table_row: list[int], kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V [kv_len, Hkv, D] of one sequence, in position order: views when its pages are
+    consecutive in the cache (as a lone request's usually are), else gathered copies."""
+    pages = table_row[: (kv_len + k_cache.shape[1] - 1) // k_cache.shape[1]]
     first = pages[0]
     if pages == list(range(first, first + len(pages))):
-        return cache[first: first + len(pages)].flatten(0, 1)[:kv_len]
-    return cache[torch.tensor(pages, device=cache.device)].flatten(0, 1)[:kv_len]
+        index = slice(first, first + len(pages))
+    else:
+        index = torch.tensor(pages, device=k_cache.device)
+    return k_cache[index].flatten(0, 1)[:kv_len], v_cache[index].flatten(0, 1)[:kv_len]
 
 
 # Query rows a reference prefill takes at a time: each block reads keys only up to its own
@@ -43,15 +46,15 @@ def paged_attention_reference(
     copied once per query head.
     """
     T, H, D = q.shape
-    block_size, h_kv = k_cache.shape[1], k_cache.shape[2]
+    h_kv = k_cache.shape[2]
     G = H // h_kv
     scale = D ** -0.5 if scale is None else scale
     out = torch.empty_like(q)
     cu, tables = cu_seqlens_q.tolist(), block_tables.tolist()
     for s, kv_len in enumerate(kv_lens.tolist()):
-        pages = tables[s][: (kv_len + block_size - 1) // block_size]
-        k_s = _pages(k_cache, pages, kv_len).to(compute_dtype).permute(1, 2, 0)   # [Hkv, D, kv]
-        v_s = _pages(v_cache, pages, kv_len).to(compute_dtype).transpose(0, 1)    # [Hkv, kv, D]
+        k_s, v_s = _sequence_kv(k_cache, v_cache, tables[s], kv_len)
+        k_s = k_s.to(compute_dtype).permute(1, 2, 0)   # [Hkv, D, kv]
+        v_s = v_s.to(compute_dtype).transpose(0, 1)    # [Hkv, kv, D]
         first = kv_len - (cu[s + 1] - cu[s])   # the position of the sequence's first query
         for a in range(cu[s], cu[s + 1], REFERENCE_QUERY_BLOCK):
             b = min(a + REFERENCE_QUERY_BLOCK, cu[s + 1])
@@ -71,17 +74,14 @@ def paged_attention_per_sequence(q, k_cache, v_cache, block_tables, cu_seqlens_q
     the query heads of a KV head sharing it (enable_gqa), no padding, and no copy of the pages
     when they are consecutive. The reference above spells the arithmetic out; this is the same
     function at the speed of transformers' own CPU attention."""
-    H = q.shape[1]
-    block_size, h_kv = k_cache.shape[1], k_cache.shape[2]
+    H, h_kv = q.shape[1], k_cache.shape[2]
     out = torch.empty_like(q)
     cu, tables = cu_seqlens_q.tolist(), block_tables.tolist()
     for s, kv_len in enumerate(kv_lens.tolist()):
         q_len = cu[s + 1] - cu[s]
         if q_len == 0:
             continue
-        pages = tables[s][: (kv_len + block_size - 1) // block_size]
-        k = _pages(k_cache, pages, kv_len).transpose(0, 1)[None]   # [1, Hkv, kv, D]
-        v = _pages(v_cache, pages, kv_len).transpose(0, 1)[None]
+        k, v = (x.transpose(0, 1)[None] for x in _sequence_kv(k_cache, v_cache, tables[s], kv_len))   # [1, Hkv, kv, D]
         mask = None   # a lone query (decode) sees every position
         if q_len > 1:   # causal, aligned to the last position: row i sees keys up to kv_len - q_len + i
             positions = torch.arange(kv_len, device=q.device)

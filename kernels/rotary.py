@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention import store_kv
 from kernels.mode import interpreting
-from kernels.norm import _warps
+from kernels.norm import _warps, rms_norm
 from kernels.toolchain import FP_FUSION
 
 
@@ -95,8 +96,6 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
 def rope_store_kv_reference(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,
                             q_norm=None, k_norm=None, eps=1e-6) -> torch.Tensor:
     """The unfused steps: per-head norms through kernels.rms_norm, RoPE in torch, kernels.store_kv."""
-    from kernels.attention import store_kv
-    from kernels.norm import rms_norm
     t, d = qkv.shape[0], k_cache.shape[-1]
     q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
     q, k, v = q.reshape(t, num_heads, d), k.reshape(t, num_kv_heads, d), v.reshape(t, num_kv_heads, d)

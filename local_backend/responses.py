@@ -4,6 +4,7 @@ released text), so a stream and its non-streaming twin carry the same text and l
 from __future__ import annotations
 
 import contextlib
+import functools
 import secrets
 import time
 
@@ -82,12 +83,12 @@ def completion_logprobs(gen: Generation, entries: list[Event], prompt: list[int]
     name = (lambda t: f"token_id:{t}") if as_ids else gen.token_text
     samples = [None] * (len(prompt) - len(prompt_entries)) + list(prompt_entries) + [e.sample for e in entries]
     ids = list(prompt) + [e.sample.token for e in entries]
-    tokens = [name(t) for t in ids]
+    texts = [gen.token_text(t) for t in ids]
     offsets, at = [], start
-    for t in ids:
+    for text in texts:
         offsets.append(at)
-        at += len(gen.token_text(t))
-    return {"tokens": tokens, "token_logprobs": [s and s.logprob for s in samples],
+        at += len(text)
+    return {"tokens": [name(t) for t in ids] if as_ids else texts, "token_logprobs": [s and s.logprob for s in samples],
             "top_logprobs": [s and {name(t): lp for t, lp in s.top[:k]} for s in samples],
             "text_offset": offsets}
 
@@ -118,12 +119,18 @@ class Handler:
         self.created = int(time.time())
         self.gen = Generation(engine, prompt, req.stop_list())
         self.prompt_entries: list[Sample] = []   # the prompt's logprobs, when asked, from the first event
+        self._envelopes: dict[str, dict] = {}
 
     def envelope(self, obj: str) -> dict:
-        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model_name,
+        """The fields every body or chunk of this object type shares, built once: a stream sends a
+        chunk per token. Callers copy it into their body."""
+        body = self._envelopes.get(obj)
+        if body is None:
+            body = self._envelopes[obj] = {
+                "id": self.id, "object": obj, "created": self.created, "model": self.model_name,
                 "system_fingerprint": self.engine.fingerprint, "seed": self.params.seed}
-        if self.params.defaults:   # the sampling parameters the model's generation_config.json supplied
-            body["sampling_defaults"] = dict(self.params.defaults)
+            if self.params.defaults:   # the sampling parameters the model's generation_config.json supplied
+                body["sampling_defaults"] = dict(self.params.defaults)
         return body
 
     def usage(self) -> dict:
@@ -236,16 +243,18 @@ class CompletionHandler(Handler):
         if echo:
             return completion_logprobs(self.gen, logprob_events, self.prompt, self.prompt_entries, self.req.logprobs,
                                        as_ids=as_ids)
-        start = len(self.echo_text()) if self.req.echo else 0
+        start = len(self.echo_text) if self.req.echo else 0
         return completion_logprobs(self.gen, logprob_events, k=self.req.logprobs, start=start, as_ids=as_ids)
 
+    @functools.cached_property
     def echo_text(self) -> str:
+        """The prompt as echoed (a chunk's logprobs need its length: decoded once, not per token)."""
         if isinstance(self.req.prompt, str):
             return self.req.prompt
         return self.engine.tokenizer.tok.decode(self.prompt, skip_special_tokens=False)
 
     def choice(self, text: str, logprob_events: list[Event] | None) -> dict:
-        choice = {"index": 0, "text": self.echo_text() + text if self.req.echo else text,
+        choice = {"index": 0, "text": self.echo_text + text if self.req.echo else text,
                   "logprobs": self.logprobs(logprob_events, echo=bool(self.req.echo)),
                   "finish_reason": self.gen.finish_reason}
         if self.req.prompt_logprobs is not None:
@@ -259,7 +268,7 @@ class CompletionHandler(Handler):
     def lead_chunk(self) -> dict | None:
         if not self.req.echo and self.req.prompt_logprobs is None:
             return None
-        choice = {"index": 0, "text": self.echo_text() if self.req.echo else "",
+        choice = {"index": 0, "text": self.echo_text if self.req.echo else "",
                   "logprobs": self.logprobs([], echo=True) if self.req.echo and self.params.logprobs is not None
                   else None, "finish_reason": None}
         if self.req.prompt_logprobs is not None:

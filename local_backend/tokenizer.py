@@ -77,11 +77,11 @@ class Tokenizer:
         except jinja2.TemplateSyntaxError as e:
             raise CheckpointError(f"{where}: the chat template does not compile (line {e.lineno}: {e})") from None
 
-    def check_vocab(self, vocab_size: int, where: str) -> None:
-        """Refuse a tokenizer that can produce ids the model has no embedding for."""
+    def check_vocab(self, vocab_size: int) -> None:
+        """Refuse a tokenizer that can produce ids the model (config.json's vocab_size) has no embedding for."""
         biggest = max(self.tok.get_vocab(with_added_tokens=True).values(), default=-1)
         if biggest >= vocab_size:
-            raise CheckpointError(f"tokenizer.json: token id {biggest} is past {where} vocab_size {vocab_size}")
+            raise CheckpointError(f"tokenizer.json: token id {biggest} is past config.json vocab_size {vocab_size}")
 
     @property
     def eos_token_id(self) -> int | None:

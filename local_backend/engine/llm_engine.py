@@ -106,7 +106,7 @@ class Engine:
         kernels.set_mode(config.mode)
         self.model_config = cfg = ModelConfig.from_dir(config.model)
         self.tokenizer = Tokenizer(config.model)
-        self.tokenizer.check_vocab(cfg.vocab_size, "config.json")
+        self.tokenizer.check_vocab(cfg.vocab_size)
         if config.mode == "invariant" and gpu:
             problem = attention_layout_problem(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
             if problem:
@@ -175,6 +175,23 @@ class Engine:
             self._thread.join()
             self._thread = None
 
+    # ---- driven directly, on the calling thread ------------------------------------------
+
+    def greedy(self, prompt: list[int], n: int) -> list[int]:
+        """The first n greedy tokens after `prompt`, end-of-sequence ignored: the model path
+        alone (scheduler, paged KV cache, runner, sampler), without HTTP or the engine thread,
+        which must not be running. For tests and benchmarks."""
+        params = SamplingParams(seed=0, max_tokens=n, temperature=0.0, ignore_eos=True)
+        seq = Sequence(next(self._ids), list(prompt), len(prompt), params, use_prefix_cache=False)
+        self.scheduler.add(seq)
+        while seq.num_generated < n:
+            scheduled = self.scheduler.schedule()
+            output = self.runner.step(scheduled)
+            self.scheduler.after_step(scheduled)
+            seq.token_ids.extend(s.token for s in output.samples)
+        self.scheduler.remove(seq)
+        return seq.token_ids[seq.num_prompt_tokens:]
+
     # ---- the engine thread -----------------------------------------------------------
 
     def _loop(self) -> None:
@@ -227,14 +244,13 @@ class Engine:
                 self._emit(seq.seq_id, Event(error="the inference step failed; see the backend log"))
                 self._finish(seq, audit=False)
             return
-        sampled = [item.seq for item in scheduled if item.samples]
         self.scheduler.after_step(scheduled)
         for seq_id, entries in output.prompt_logprobs.items():
             self._seqs[seq_id].prompt_logprobs += entries
         outbox: dict[asyncio.AbstractEventLoop, list] = collections.defaultdict(list)
         generated = 0
-        for seq, sample in zip(sampled, output.samples):
-            first = seq.num_generated == 0
+        for seq, sample in zip(output.sampled, output.samples):
+            prompt = seq.prompt_logprobs if seq.params.prompt_logprobs is not None and seq.num_generated == 0 else None
             reason = None
             if seq.params.max_tokens == 0:   # scored, not generated: the draw is dropped
                 sample, reason = None, "length"
@@ -247,7 +263,6 @@ class Engine:
                     reason = "length"
             sink = self._sinks.get(seq.seq_id)
             if sink is not None:
-                prompt = seq.prompt_logprobs if first and seq.params.prompt_logprobs is not None else None
                 outbox[sink[0]].append((sink[1], Event(sample, reason, prompt_logprobs=prompt)))
             if reason:
                 self._finish(seq)

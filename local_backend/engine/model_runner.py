@@ -26,6 +26,7 @@ gives its tokens the logprobs they were sampled with, bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 
 import numpy as np
@@ -52,7 +53,8 @@ class Sample:
 
 @dataclasses.dataclass
 class StepOutput:
-    samples: list[Sample]                                  # one per item whose step reaches its last token
+    sampled: list                                          # the Sequence of each item whose step reaches its last token
+    samples: list[Sample]                                  # one per sequence in `sampled`
     prompt_logprobs: dict[int, list[Sample]]               # seq_id -> this step's new entries
     gpu_seconds: dict[str, float]                          # GPU time by phase ("forward", "sampler"); CUDA only
 
@@ -87,6 +89,7 @@ class _Staged:
     max_kv_len: int
     filtered: bool                # some sampled row uses top-k / top-p
     logprobs: bool                # some sampled row wants logprobs
+    scored: list                  # (Scheduled, its first hidden row) of each item that asks for prompt logprobs
 
 
 class ModelRunner:
@@ -171,7 +174,7 @@ class ModelRunner:
         """Write the step's inputs into the host buffer (not yet sent)."""
         h, bs = self.inputs.host, self.block_size
         ids, positions, slots, cu, kv_lens = [], [], [], [0], []
-        rows, sampled = [], []
+        rows, sampled, scored = [], [], []
         tables, table_rows = h["tables"], self.table_rows
         for i, item in enumerate(scheduled):
             seq, start = item.seq, item.seq.num_computed_tokens
@@ -186,6 +189,8 @@ class ModelRunner:
                 p = np.arange(start, end)
                 positions.append(p)
                 slots.append(np.asarray(table)[p // bs] * bs + p % bs)
+            if seq.params.prompt_logprobs is not None:
+                scored.append((item, cu[-1]))
             cu.append(cu[-1] + item.num_tokens)
             kv_lens.append(end)
             if table_rows[i] != (seq.seq_id, len(table)):
@@ -212,7 +217,7 @@ class ModelRunner:
         return _Staged(t, s, sampled, max(item.num_tokens for item in scheduled), max(kv_lens),
                        # Known here from the requests' parameters, without a device sync.
                        filtered=any(row_filters(x.temperature, x.top_k, x.top_p, vocab) for x in p),
-                       logprobs=any(x.logprobs is not None for x in p))
+                       logprobs=any(x.logprobs is not None for x in p), scored=scored)
 
     # ---- the forward pass ----------------------------------------------------------
 
@@ -279,17 +284,13 @@ class ModelRunner:
         start, forward, end = self.marks
         return {"forward": start.elapsed_time(forward) / 1e3, "sampler": forward.elapsed_time(end) / 1e3}
 
-    def _prompt_logprobs(self, scheduled: list[Scheduled]) -> dict[int, list[Sample]]:
+    def _prompt_logprobs(self, staged: _Staged) -> dict[int, list[Sample]]:
         """Logprobs of the prompt tokens whose preceding position this step computed, for the
         sequences that ask; positions scored before a preemption are not scored again."""
-        out, row = {}, 0
-        for item in scheduled:
+        out = {}
+        for item, first in staged.scored:
             seq = item.seq
-            start, first = seq.num_computed_tokens, row
-            row += item.num_tokens
-            k = seq.params.prompt_logprobs
-            if k is None:
-                continue
+            start, k = seq.num_computed_tokens, seq.params.prompt_logprobs
             lo = max(start, len(seq.prompt_logprobs))            # position p scores token p + 1
             hi = min(start + item.num_tokens, seq.num_prompt_tokens - 1)
             if hi <= lo:
@@ -335,9 +336,9 @@ class ModelRunner:
         for h, out in zip(host, outputs):
             h.copy_(out[:n], non_blocking=True)
         self._mark(2)
-        prompt = self._prompt_logprobs(scheduled)
+        prompt = self._prompt_logprobs(staged)
         gpu_seconds = self._wait()
-        return StepOutput(self._samples(staged, host) if n else [], prompt, gpu_seconds)
+        return StepOutput(staged.sampled, self._samples(staged, host) if n else [], prompt, gpu_seconds)
 
     # ---- CUDA graphs ---------------------------------------------------------------
 
@@ -350,33 +351,30 @@ class ModelRunner:
         for bound in sorted(self.graph_bounds, reverse=True):
             for b in sorted(self.graph_sizes, reverse=True):
                 args = self._batch(b, b, 1, bound)
-                self.hidden[:b].copy_(self.model.forward(*args))     # warm-up: compile kernels outside capture
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self.hidden[:b].copy_(self.model.forward(*args))
+                graph, _ = self._graph(lambda: self.hidden[:b].copy_(self.model.forward(*args)), pool)
                 pool = graph.pool()
                 self.forward_graphs[b, bound] = graph
+        # Standard mode keeps prefill and sampling eager (the module's docstring says why).
         if kernels.get_mode() == "invariant":
             for t in sorted(self.graph_tokens, reverse=True):
                 self._pad_prefill(0, 0, t)
                 self.inputs.upload(self.max_seqs)
                 args = self._batch(self.max_seqs, t, self.chunk_size, self.max_model_len)
-                self.hidden[:t].copy_(self.model.forward(*args))
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self.hidden[:t].copy_(self.model.forward(*args))
-                self.prefill_graphs[t] = graph
-        # Standard mode's torch sampler syncs with the host, which no graph may do.
-        if kernels.get_mode() == "invariant":
+                self.prefill_graphs[t], _ = self._graph(lambda: self.hidden[:t].copy_(self.model.forward(*args)), pool)
             for b in sorted(self.graph_sizes, reverse=True):
-                for filtered in (False, True):
-                    for logprobs in (False, True):
-                        self._head(b, filtered, logprobs)
-                        graph = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(graph, pool=pool):
-                            outputs = self._head(b, filtered, logprobs)
-                        self.head_graphs[b, filtered, logprobs] = graph, outputs
+                for filtered, logprobs in itertools.product((False, True), repeat=2):
+                    self.head_graphs[b, filtered, logprobs] = self._graph(lambda: self._head(b, filtered, logprobs), pool)
         torch.cuda.synchronize()
         log.info("captured %d decode CUDA graphs (batch sizes %s x KV bounds %s), %d prefill graphs (tokens %s) "
                  "and %d sampler graphs", len(self.forward_graphs), self.graph_sizes, self.graph_bounds,
                  len(self.prefill_graphs), sorted(self.prefill_graphs), len(self.head_graphs))
+
+    @staticmethod
+    def _graph(run, pool) -> tuple[torch.cuda.CUDAGraph, object]:
+        """A CUDA graph of run() and what the captured call returned; an eager call first compiles
+        the kernels outside capture."""
+        run()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = run()
+        return graph, out

@@ -20,11 +20,6 @@ class Scheduled:
     seq: Sequence
     num_tokens: int              # tokens computed this step, starting at seq.num_computed_tokens
 
-    @property
-    def samples(self) -> bool:
-        """Whether this step reaches the sequence's last token, so a new one is sampled."""
-        return self.seq.num_computed_tokens + self.num_tokens == len(self.seq)
-
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_batch: int, max_batched_tokens: int, chunk_size: int):

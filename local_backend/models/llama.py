@@ -59,7 +59,6 @@ class Llama:
         self.cos = (angles.cos() * cfg.rope.attention_factor).float().to(device)   # [P, D/2]
         self.sin = (angles.sin() * cfg.rope.attention_factor).float().to(device)
         self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim ** -0.5
 
     def attention(self, layer: Layer, x, positions, kv_cache, batch: AttentionBatch):

@@ -150,6 +150,18 @@ def _invariance(G, block_size, dtype, device, gen, *, length, other_len, scenari
     return target, baseline
 
 
+def block_tables(order: list[int], kv_lens: list[int], block_size: int, width: int | None = None) -> list[list[int]]:
+    """Each sequence's pages taken in turn from `order`, each row padded to `width` (default: the
+    longest) with a block id past the cache: junk past a sequence's end is never read."""
+    counts = [-(-n // block_size) for n in kv_lens]
+    width = width or max(counts)
+    tables, used = [], 0
+    for n in counts:
+        tables.append(order[used: used + n] + [len(order) + 99] * (width - n))
+        used += n
+    return tables
+
+
 def _rel_err(out, ref) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
@@ -217,13 +229,7 @@ def test_public_entry_point_matches_reference_in_each_mode(mode, device, gen):
     num_blocks = sum(-(-n // block_size) for n in kv_lens) + 3
     kc = torch.randn(num_blocks, block_size, h_kv, D, generator=gen).to(device, dtype)
     vc = torch.randn(num_blocks, block_size, h_kv, D, generator=gen).to(device, dtype)
-    order = torch.randperm(num_blocks, generator=gen).tolist()
-    width = max(-(-n // block_size) for n in kv_lens)
-    tables, used = [], 0
-    for n in kv_lens:
-        pages = order[used: used + -(-n // block_size)]
-        used += len(pages)
-        tables.append(pages + [num_blocks + 99] * (width - len(pages)))  # junk past the end is never read
+    tables = block_tables(torch.randperm(num_blocks, generator=gen).tolist(), kv_lens, block_size)
     q = torch.randn(sum(q_lens), H, D, generator=gen).to(device, dtype)
     cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
     args = (q, kc, vc, torch.tensor(tables, dtype=torch.int32, device=device), cu,
@@ -247,11 +253,7 @@ def test_cpu_backend_path_matches_reference(G, gen, monkeypatch):
     num_blocks = sum(-(-n // block_size) for n in kv_lens)
     kc, vc = torch.randn(2, num_blocks, block_size, h_kv, D, generator=gen)
     order = list(range(10)) + torch.randperm(num_blocks - 10, generator=gen).add(10).tolist()  # first: in order
-    width, tables, used = max(-(-n // block_size) for n in kv_lens), [], 0
-    for n in kv_lens:
-        pages = order[used: used + -(-n // block_size)]
-        used += len(pages)
-        tables.append(pages + [num_blocks + 99] * (width - len(pages)))
+    tables = block_tables(order, kv_lens, block_size)
     q = torch.randn(sum(q_lens), G * h_kv, D, generator=gen)
     cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
     args = (q, kc, vc, torch.tensor(tables, dtype=torch.int32), cu, torch.tensor(kv_lens, dtype=torch.int32))

@@ -5,6 +5,7 @@ public-entry test covers standard mode there.)"""
 import torch
 
 from kernels import attention_vendor
+from test_attention import block_tables
 
 
 def test_plan_packs_each_sequence_s_positions_in_order(gen):
@@ -13,12 +14,7 @@ def test_plan_packs_each_sequence_s_positions_in_order(gen):
     num_blocks = sum(-(-n // block_size) for n in kv_lens) + 2
     cache = torch.randn(num_blocks, block_size, h_kv, d, generator=gen)
     order = torch.randperm(num_blocks, generator=gen).tolist()
-    width, tables, used = 5, [], 0
-    for n in kv_lens:
-        pages = order[used:used + -(-n // block_size)]
-        used += len(pages)
-        tables.append(pages + [num_blocks + 99] * (width - len(pages)))
-    tables = torch.tensor(tables, dtype=torch.int32)
+    tables = torch.tensor(block_tables(order, kv_lens, block_size, width=5), dtype=torch.int32)
     lens = torch.tensor(kv_lens, dtype=torch.int32)
     cu_k, slots = attention_vendor.plan(cache, tables, lens, max_kv_len=16)
     assert cu_k.tolist() == [0, 9, 10, 23, 27] and slots.shape == (4 * 16,)

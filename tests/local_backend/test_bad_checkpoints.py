@@ -123,19 +123,4 @@ def test_any_gqa_group_decodes_like_the_reference_on_the_cpu(tmp_path):
     engine = make_engine(path)
     prompt = engine.tokenizer.encode("The quick brown fox jumps", add_special_tokens=True)
     expected, _ = ReferenceModel(path).greedy(prompt, 8)
-    assert engine_greedy(engine, prompt, 8) == expected
-
-
-def engine_greedy(engine, prompt, n):
-    from local_backend.engine.sequence import Sequence
-    from local_backend.sampling_params import SamplingParams
-    seq = Sequence(0, list(prompt), len(prompt), SamplingParams(seed=0, max_tokens=n, temperature=0.0,
-                                                               ignore_eos=True), use_prefix_cache=False)
-    engine.scheduler.add(seq)
-    while seq.num_generated < n:
-        scheduled = engine.scheduler.schedule()
-        samples = engine.runner.step(scheduled).samples
-        engine.scheduler.after_step(scheduled)
-        seq.token_ids.extend(s.token for s in samples)
-    engine.scheduler.remove(seq)
-    return seq.token_ids[len(prompt):]
+    assert engine.greedy(prompt, 8) == expected
