@@ -23,6 +23,7 @@ from fnmatch import fnmatchcase
 import orjson
 from aiohttp import web
 
+from fakes.loopback import write_scattered
 from fakes.openai_upstream import WORDS, Noise, dumps, serve
 
 # Model families by what they take (as the provider's docs and its 400s describe them).
@@ -242,13 +243,7 @@ class FakeAnthropic:
         await response.prepare(request)
         cut = self.behaviour.break_stream_after
         wire = b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events[:cut])
-        at = 0
-        while at < len(wire):
-            step = self.rng.randint(1, 200)
-            await response.write(wire[at:at + step])
-            at += step
-            if self.behaviour.chunk_delay_s:
-                await asyncio.sleep(self.behaviour.chunk_delay_s)
+        await write_scattered(response, wire, self.rng, self.behaviour.chunk_delay_s)
         if cut is not None:
             if request.transport is not None:
                 request.transport.close()  # a dropped connection, not a clean end

@@ -6,6 +6,7 @@ A thread with its own event loop lets synchronous clients (the official `openai`
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import threading
 
@@ -69,3 +70,14 @@ class LoopbackServer:
         for task in rest:
             task.cancel()
         await asyncio.gather(*rest, return_exceptions=True)
+
+
+async def write_scattered(response: web.StreamResponse, wire: bytes, rng: random.Random, delay_s: float) -> None:
+    """Several events per TCP write, split at random, like a real provider under load."""
+    at = 0
+    while at < len(wire):
+        step = rng.randint(1, 200)
+        await response.write(wire[at:at + step])
+        at += step
+        if delay_s:
+            await asyncio.sleep(delay_s)

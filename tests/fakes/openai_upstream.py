@@ -21,10 +21,13 @@ from typing import TYPE_CHECKING, Callable
 import orjson
 from aiohttp import web
 
+from fakes.loopback import write_scattered
+
 if __package__ in (None, ""):  # run as a script (the benchmarks): make `fakes` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fakes import openai_answers as answers, responses_upstream  # noqa: E402
+from fakes import openai_answers as answers  # noqa: E402
+from fakes import responses_upstream
 
 if TYPE_CHECKING:
     from fakes.faults import Faults
@@ -248,14 +251,7 @@ class FakeUpstream:
         wire = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks[:breaking])
         if breaking is None:
             wire += b"data: [DONE]\n\n"
-        # Write several events per TCP write, split at random, like a real provider under load.
-        at = 0
-        while at < len(wire):
-            step = self.rng.randint(1, 200)
-            await response.write(wire[at:at + step])
-            at += step
-            if self.behaviour.chunk_delay_s:
-                await asyncio.sleep(self.behaviour.chunk_delay_s)
+        await write_scattered(response, wire, self.rng, self.behaviour.chunk_delay_s)
         if breaking is not None:
             if stall_s is not None:
                 await asyncio.sleep(stall_s)

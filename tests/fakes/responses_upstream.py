@@ -17,13 +17,14 @@ stream, or a 200 body with status failed) or "error" (an `error` event mid-strea
 """
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
+
+from fakes.loopback import write_scattered
 
 if TYPE_CHECKING:
     from fakes.openai_upstream import FakeUpstream
@@ -221,13 +222,7 @@ class FakeResponses:
         wire = b"".join(b"event: " + e["type"].encode() + b"\ndata: "
                         + orjson.dumps({"type": e["type"], "sequence_number": n, **e}) + b"\n\n"
                         for n, e in enumerate(events[:cut]))
-        at = 0
-        while at < len(wire):
-            step = rng.randint(1, 200)
-            await response.write(wire[at:at + step])
-            at += step
-            if behaviour.chunk_delay_s:
-                await asyncio.sleep(behaviour.chunk_delay_s)
+        await write_scattered(response, wire, rng, behaviour.chunk_delay_s)
         if cut is not None and request.transport is not None:
             request.transport.close()  # a dropped connection, not a clean end
             return response
