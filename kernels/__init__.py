@@ -22,7 +22,7 @@ from kernels.sampling import argmax, log_softmax, logsumexp, sample
 from kernels.toolchain import toolchain
 
 # Bump whenever a reduction order changes (e.g. matmul BLOCK_K): that changes output bits.
-KERNEL_VERSION = "6"
+KERNEL_VERSION = "7"
 
 __all__ = [
     "KERNEL_VERSION", "argmax", "attention_plan", "get_mode", "log_softmax", "logsumexp", "matmul", "mode",

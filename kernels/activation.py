@@ -34,7 +34,7 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     """
     gate, up = x.chunk(2, dim=-1)
     if not x.is_cuda:
-        return F.silu(gate) * up
+        return F.silu(gate).mul_(up)   # in place: one [T, N] temporary fewer, the same product
     assert x.stride(1) == 1
     t, n = gate.shape
     out = torch.empty(t, n, dtype=x.dtype, device=x.device)

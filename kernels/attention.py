@@ -12,18 +12,21 @@ import torch
 
 from kernels import attention_vendor
 from kernels.attention_torch import (paged_attention_per_sequence, paged_attention_reference, paged_attention_sdpa,
-                                     store_kv_torch)
+                                     per_sequence_plan, store_kv_torch)
 from kernels.attention_triton import paged_attention_triton, store_kv_triton
 from kernels.mode import get_mode, interpreting, use_triton
 
 __all__ = ["attention_plan", "paged_attention", "paged_attention_reference", "store_kv"]
 
 
-def attention_plan(k_cache, block_tables, kv_lens, max_kv_len: int):
+def attention_plan(k_cache, block_tables, cu_seqlens_q, kv_lens, max_kv_len: int):
     """What every layer's paged_attention call of one forward pass shares, built once (pass it
-    as `plan`): standard mode's page gather on CUDA; None where nothing is shared."""
+    as `plan`): standard mode's page gather on CUDA, the CPU backend's host-side reading of the
+    batch; None where nothing is shared."""
     if get_mode() == "standard" and attention_vendor.supported(k_cache):
         return attention_vendor.plan(k_cache, block_tables, kv_lens, max_kv_len)
+    if get_mode() == "invariant" and not use_triton(k_cache):
+        return per_sequence_plan(k_cache, block_tables, cu_seqlens_q, kv_lens)
     return None
 
 
@@ -67,4 +70,5 @@ def paged_attention(
                                                       max_q_len=max_q_len, max_kv_len=max_kv_len)
     if get_mode() == "standard":
         return paged_attention_sdpa(*args, max_q_len=max_q_len, max_kv_len=max_kv_len)
-    return paged_attention_per_sequence(*args)
+    plan = plan or per_sequence_plan(k_cache, block_tables, cu_seqlens_q, kv_lens)
+    return paged_attention_per_sequence(q, k_cache, v_cache, plan, scale)

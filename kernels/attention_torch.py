@@ -19,16 +19,17 @@ def store_kv_torch(k, v, k_cache, v_cache, slot_mapping) -> None:
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-def _sequence_kv(k_cache, v_cache, table_row: list[int], kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V [kv_len, Hkv, D] of one sequence, in position order: views when its pages are
-    consecutive in the cache (as a lone request's usually are), else gathered copies."""
-    pages = table_row[: (kv_len + k_cache.shape[1] - 1) // k_cache.shape[1]]
-    first = pages[0]
-    if pages == list(range(first, first + len(pages))):
-        index = slice(first, first + len(pages))
-    else:
-        index = torch.tensor(pages, device=k_cache.device)
-    return k_cache[index].flatten(0, 1)[:kv_len], v_cache[index].flatten(0, 1)[:kv_len]
+def _pages(table_row: list[int], kv_len: int, block_size: int, device) -> torch.Tensor:
+    """The cache index of a sequence's pages, in position order."""
+    return torch.tensor(table_row[: (kv_len + block_size - 1) // block_size], device=device)
+
+
+def _sequence_kv(k_cache, v_cache, pages: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V [kv_len, Hkv, D] of one sequence, in position order, copied out of the cache even
+    where its pages are consecutive: SDPA reads one head at a time, which in the pages (heads
+    interleaved, cold once a decode step's weights have streamed through the caches) is slower
+    than one sequential copy and reads of the hot copy (bench/results/backend_cpu_smollm2.md)."""
+    return k_cache.index_select(0, pages).flatten(0, 1)[:kv_len], v_cache.index_select(0, pages).flatten(0, 1)[:kv_len]
 
 
 # Query rows a reference prefill takes at a time: each block reads keys only up to its own
@@ -52,7 +53,7 @@ def paged_attention_reference(
     out = torch.empty_like(q)
     cu, tables = cu_seqlens_q.tolist(), block_tables.tolist()
     for s, kv_len in enumerate(kv_lens.tolist()):
-        k_s, v_s = _sequence_kv(k_cache, v_cache, tables[s], kv_len)
+        k_s, v_s = _sequence_kv(k_cache, v_cache, _pages(tables[s], kv_len, k_cache.shape[1], k_cache.device), kv_len)
         k_s = k_s.to(compute_dtype).permute(1, 2, 0)   # [Hkv, D, kv]
         v_s = v_s.to(compute_dtype).transpose(0, 1)    # [Hkv, kv, D]
         first = kv_len - (cu[s + 1] - cu[s])   # the position of the sequence's first query
@@ -69,26 +70,36 @@ def paged_attention_reference(
     return out
 
 
-def paged_attention_per_sequence(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale) -> torch.Tensor:
-    """The CPU backend's path: one fused torch SDPA call per sequence over its own pages, with
-    the query heads of a KV head sharing it (enable_gqa), no padding, and no copy of the pages
-    when they are consecutive. The reference above spells the arithmetic out; this is the same
-    function at the speed of transformers' own CPU attention."""
-    H, h_kv = q.shape[1], k_cache.shape[2]
-    out = torch.empty_like(q)
+def per_sequence_plan(k_cache, block_tables, cu_seqlens_q, kv_lens) -> list[tuple]:
+    """What paged_attention_per_sequence reads from the host, read once for all the layers of a
+    forward pass: for each sequence with queries, its rows a:b of q, its pages, its KV length and
+    its causal mask."""
+    plan = []
     cu, tables = cu_seqlens_q.tolist(), block_tables.tolist()
     for s, kv_len in enumerate(kv_lens.tolist()):
-        q_len = cu[s + 1] - cu[s]
-        if q_len == 0:
+        a, b = cu[s], cu[s + 1]
+        if a == b:
             continue
-        k, v = (x.transpose(0, 1)[None] for x in _sequence_kv(k_cache, v_cache, tables[s], kv_len))   # [1, Hkv, kv, D]
         mask = None   # a lone query (decode) sees every position
-        if q_len > 1:   # causal, aligned to the last position: row i sees keys up to kv_len - q_len + i
-            positions = torch.arange(kv_len, device=q.device)
-            mask = positions <= positions[kv_len - q_len:, None]
-        o = F.scaled_dot_product_attention(q[cu[s]: cu[s + 1]].transpose(0, 1)[None], k, v, attn_mask=mask,
-                                           scale=scale, enable_gqa=H != h_kv)
-        out[cu[s]: cu[s + 1]] = o[0].transpose(0, 1)
+        if b - a > 1:   # causal, aligned to the last position: row i sees keys up to kv_len - q_len + i
+            positions = torch.arange(kv_len, device=k_cache.device)
+            mask = positions <= positions[kv_len - (b - a):, None]
+        plan.append((a, b, _pages(tables[s], kv_len, k_cache.shape[1], k_cache.device), kv_len, mask))
+    return plan
+
+
+def paged_attention_per_sequence(q, k_cache, v_cache, plan: list[tuple], scale) -> torch.Tensor:
+    """The CPU backend's path: one fused torch SDPA call per sequence of the plan (per_sequence_plan)
+    over its own pages, with the query heads of a KV head sharing it (enable_gqa) and no padding.
+    The reference above spells the arithmetic out; this is the same function at the speed of
+    transformers' own CPU attention."""
+    H, h_kv = q.shape[1], k_cache.shape[2]
+    out = torch.empty_like(q)
+    for a, b, pages, kv_len, mask in plan:
+        k, v = (x.transpose(0, 1)[None] for x in _sequence_kv(k_cache, v_cache, pages, kv_len))   # [1, Hkv, kv, D]
+        o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1)[None], k, v, attn_mask=mask, scale=scale,
+                                           enable_gqa=H != h_kv)
+        out[a:b] = o[0].transpose(0, 1)
     return out
 
 

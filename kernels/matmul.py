@@ -1,10 +1,14 @@
-"""Batch-invariant matmul: C = A @ B (+ bias), fp32 accumulation, no split-K.
+"""Batch-invariant matmul: C = A @ B (+ bias), fp32 accumulation, split-K by a fixed rule.
 
-Why it is invariant: every output element C[i, j] is produced by one program
-that walks K from 0 upward in steps of one fixed BLOCK_K, feeding each step to
-the tensor cores as `acc = dot(a_tile, b_tile, acc)`. Neither BLOCK_K nor the
-order of the steps depends on M, so row i of C gets the same sequence of
-roundings whether it is computed alone or inside a batch of 8192 rows.
+Why it is invariant: K is cut into segments of whole BLOCK_K steps, and how many
+depends on K and N only (k_segments). Each segment is summed from zero, walking
+its steps upward as `part = dot(a_tile, b_tile, part)` on the tensor cores, and
+the segments' sums are then added in order, first to last. Neither BLOCK_K, nor
+the segments, nor either order depends on M, so row i of C gets the same
+sequence of roundings whether it is computed alone or inside a batch of 8192
+rows. A large batch sums the segments inside one program; a decode step, whose
+N tiles alone leave most SMs idle, gives each segment its own program and adds
+their fp32 sums in a second launch: the same additions in the same order.
 
 The M and N tile sizes do vary with the shape, for speed: they only decide
 which program owns an element, not how it is summed. That this holds on the
@@ -12,7 +16,7 @@ hardware is measured, not assumed: a 16-row tile runs on mma.sync, a 64- or
 128-row tile on Hopper's wgmma, and a different instruction could in principle
 round differently. On an H100 every config in bench/kernels_dense.py's sweep
 (BLOCK_M 16..128, BLOCK_N 32..256, both kernels below) gave identical bits,
-and tests/kernels/test_matmul.py checks the ones used here.
+and tests/kernels/test_matmul.py checks the ones used here, split or not.
 """
 from __future__ import annotations
 
@@ -25,9 +29,16 @@ from kernels.device import sm_count
 from kernels.mode import get_mode, use_triton
 from kernels.toolchain import FP_FUSION
 
-# The only constant that fixes the summation order over K. Changing it changes
-# the bits of every output, so it is part of the kernel version.
+# These constants fix the summation order over K. Changing one changes the bits
+# of outputs, so they are part of the kernel version.
 BLOCK_K = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 32}
+# Segments are sized so that a one-row product would reach about _SPLIT_PROGRAMS programs of
+# _SPLIT_BLOCK_N columns (a unit of the rule, whatever tile runs), with at least
+# _MIN_SEGMENT_STEPS steps each (a segment boundary drains a large tile's load pipeline, so
+# prefill must not see many).
+_SPLIT_PROGRAMS = 512
+_SPLIT_BLOCK_N = 32
+_MIN_SEGMENT_STEPS = 8
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, kernel): for each regime the fastest
 # config of the H100 sweep (bench/results/kernels_dense_sweep.json). "tma" falls
@@ -38,6 +49,7 @@ CONFIGS = {
     "medium": (64, 128, 4, 5, "tma"),     # mid M, or wide N at decode
     "narrow": (64, 32, 4, 8, "pointer"),  # 17..128 rows, N too small to fill the GPU with wider tiles
     "decode": (16, 32, 4, 8, "tma"),      # decode, 1..16 rows: the weight read is all the cost
+    "split": (16, 64, 4, 4, "split"),     # decode where K has segments: a program per segment
 }
 _GROUP_M = 8
 # One 128x256 tile's time over two 128x128 tiles', H100 under sustained load (clocks held
@@ -45,9 +57,17 @@ _GROUP_M = 8
 _LARGE_TILE_TIME = 0.93
 
 
-def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, str]:
-    """Pick tiles that give every SM work; decode wants many thin N tiles
-    because without split-K the N tiles are the only parallelism there is."""
+def k_segments(k: int, n: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(segments, BLOCK_K steps per segment) of a [*, k] @ [k, n] product; the last may be shorter."""
+    steps = triton.cdiv(k, BLOCK_K[dtype])
+    wanted = _SPLIT_PROGRAMS // triton.cdiv(n, _SPLIT_BLOCK_N)
+    per = triton.cdiv(steps, max(1, min(wanted, steps // _MIN_SEGMENT_STEPS)))
+    return triton.cdiv(steps, per), per
+
+
+def _config(m: int, n: int, segments: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, str]:
+    """Pick tiles that give every SM work; decode wants many thin N tiles, and a
+    program per K segment where N alone gives too few."""
     if device.type != "cuda" or dtype == torch.float32:
         # The interpreter's dot is a numpy BLAS call whose rounding depends on
         # the block shape, so there one shape serves every M. fp32 is not a
@@ -55,6 +75,8 @@ def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[i
         return CONFIGS["medium"]
     sms = sm_count(device)
     fill = 0.8 * sms
+    if m <= 16 and segments > 1:
+        return CONFIGS["split"]
     if m <= 64:
         if triton.cdiv(n, 128) >= fill:
             return CONFIGS["medium"]
@@ -79,10 +101,10 @@ def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[i
 
 @triton.jit
 def _matmul_kernel(
-    a_ptr, b_ptr, bias_ptr, c_ptr,
-    M, N, K,
+    a_ptr, b_ptr, bias_ptr, c_ptr, parts_ptr, counts_ptr,
+    M, N, K, SEGMENTS, SEGMENT_STEPS,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
@@ -103,36 +125,71 @@ def _matmul_kernel(
     rows = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
     cols = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + cols[None, :] * stride_bn
+    a_first = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_first = b_ptr + offs_k[:, None] * stride_bk + cols[None, :] * stride_bn
 
+    # PARTIAL: this program sums only the segment its second grid index names, into
+    # parts_ptr, a [SEGMENTS, M, N] fp32 workspace; the tile's last program to finish adds them.
+    if PARTIAL:
+        first_segment = tl.program_id(1)
+        last_segment = first_segment + 1
+    else:
+        first_segment = 0
+        last_segment = SEGMENTS
+    steps = tl.cdiv(K, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            k_left = K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    for segment in range(first_segment, last_segment):
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        first_step = segment * SEGMENT_STEPS
+        a_ptrs = a_first + first_step.to(tl.int64) * BLOCK_K * stride_ak
+        b_ptrs = b_first + first_step.to(tl.int64) * BLOCK_K * stride_bk
+        for k in range(first_step, tl.minimum(first_step + SEGMENT_STEPS, steps)):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                k_left = K - k * BLOCK_K
+                a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            if IEEE:
+                part = tl.dot(a, b, part, input_precision="ieee")
+            else:
+                part = tl.dot(a, b, part)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        acc += part
 
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if PARTIAL:
+        tile = offs_m[:, None] * N + offs_n[None, :]
+        tl.store(parts_ptr + first_segment.to(tl.int64) * M * N + tile, acc, mask=mask)
+        # Every thread's store before the count (barrier, then release), and the others'
+        # partials read after it (acquire; .cg reads L2, where the other SMs wrote).
+        tl.debug_barrier()
+        if tl.atomic_add(counts_ptr + pid, 1, sem="acq_rel") == SEGMENTS - 1:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            parts = parts_ptr + tile
+            for _ in range(0, SEGMENTS):   # the one-program `acc += part`, in order
+                acc += tl.load(parts, mask=mask, other=0.0, cache_modifier=".cg")
+                parts += M * N
+            tl.store(counts_ptr + pid, 0)   # ready for the next call, or the next graph replay
+            _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, stride_cm, stride_cn, HAS_BIAS)
+    else:
+        _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, stride_cm, stride_cn, HAS_BIAS)
+
+
+@triton.jit
+def _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, stride_cm, stride_cn, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
-    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=mask)
 
 
 @triton.jit
 def _matmul_tma_kernel(
     a_desc, b_desc, c_desc, bias_ptr,
-    M, N, K,
+    M, N, K, SEGMENTS, SEGMENT_STEPS,
     HAS_BIAS: tl.constexpr, B_KMAJOR: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -143,22 +200,26 @@ def _matmul_tma_kernel(
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pids_per_group = GROUP_M * num_pid_n
+    steps = tl.cdiv(K, BLOCK_K)
     for tile in range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
         first_m = (tile // pids_per_group) * GROUP_M
         group_rows = min(num_pid_m - first_m, GROUP_M)
         off_m = (first_m + (tile % pids_per_group) % group_rows) * BLOCK_M
         off_n = ((tile % pids_per_group) // group_rows) * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
-            a = a_desc.load([off_m, k * BLOCK_K])
-            if B_KMAJOR:
-                b = b_desc.load([off_n, k * BLOCK_K]).T
-            else:
-                b = b_desc.load([k * BLOCK_K, off_n])
-            if IEEE:
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
+        for segment in range(0, SEGMENTS):
+            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k in range(segment * SEGMENT_STEPS, tl.minimum((segment + 1) * SEGMENT_STEPS, steps)):
+                a = a_desc.load([off_m, k * BLOCK_K])
+                if B_KMAJOR:
+                    b = b_desc.load([off_n, k * BLOCK_K]).T
+                else:
+                    b = b_desc.load([k * BLOCK_K, off_n])
+                if IEEE:
+                    part = tl.dot(a, b, part, input_precision="ieee")
+                else:
+                    part = tl.dot(a, b, part)
+            acc += part
         if HAS_BIAS:
             cols = off_n + tl.arange(0, BLOCK_N)
             acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
@@ -179,10 +240,19 @@ def _check(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> None:
 def matmul_reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Plain torch, fp32 accumulation, one rounding to a's dtype at the end."""
     _check(a, b, bias)
-    out = a.float() @ b.float()
+    return _matmul_torch(a, b, bias)
+
+
+def _matmul_torch(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    # The CPU backend makes 121 of these calls a token, each a few us of dispatch: fp32
+    # operands skip the casts (a no-op cast still costs its call).
+    dtype = a.dtype
+    if dtype != torch.float32:
+        a, b = a.float(), b.float()
+    out = a @ b
     if bias is not None:
-        out = out + bias.float()
-    return out.to(a.dtype)
+        out += bias.float()
+    return out if dtype == torch.float32 else out.to(dtype)
 
 
 def _matmul_standard(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -204,7 +274,7 @@ def _programs(device: torch.device, tiles: int) -> int:
     return min(tiles, sm_count(device) if device.type == "cuda" else 4)
 
 
-def _launch_tma(a, b, bias, c, block_m, block_n, block_k, warps, stages):
+def _launch_tma(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages):
     M, K = a.shape
     N = b.shape[1]
     b_kmajor = b.stride(0) == 1 and b.stride(1) != 1
@@ -217,25 +287,48 @@ def _launch_tma(a, b, bias, c, block_m, block_n, block_k, warps, stages):
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
     _matmul_tma_kernel[(_programs(a.device, tiles),)](
         a_desc, b_desc, c_desc, bias if bias is not None else c,
-        M, N, K,
+        M, N, K, *segments,
         HAS_BIAS=bias is not None, B_KMAJOR=b_kmajor, IEEE=a.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
         num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION,
     )
 
 
-def _launch_pointer(a, b, bias, c, block_m, block_n, block_k, warps, stages):
+def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts=None, counts=None):
     M, K = a.shape
     N = b.shape[1]
-    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
+    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n), segments[0] if parts is not None else 1)
     _matmul_kernel[grid](
-        a, b, bias if bias is not None else c, c,
-        M, N, K,
+        a, b, bias if bias is not None else c, c, c if parts is None else parts, c if counts is None else counts,
+        M, N, K, *segments,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0, IEEE=a.dtype == torch.float32,
+        PARTIAL=parts is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
         num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION,
     )
+
+
+# Per device, one arrival count per tile of a split launch, left at zero by every launch.
+_counts: dict[torch.device, torch.Tensor] = {}
+
+
+def _tile_counts(device: torch.device, tiles: int) -> torch.Tensor:
+    counts = _counts.get(device)
+    if counts is None or counts.numel() < tiles:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # Zeros written during capture would exist only once the graph replays.
+            raise RuntimeError("run a split matmul of this size once before capturing it in a CUDA graph")
+        counts = _counts[device] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+    return counts
+
+
+def _launch_split(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages):
+    """A program per (tile, K segment), in one launch: see PARTIAL in _matmul_kernel."""
+    M, N = c.shape
+    parts = torch.empty((segments[0], M, N), dtype=torch.float32, device=a.device)
+    counts = _tile_counts(a.device, triton.cdiv(M, block_m) * triton.cdiv(N, block_n))
+    _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts, counts)
 
 
 def _matmul_triton(a, b, bias, config=None):
@@ -248,10 +341,16 @@ def _matmul_triton(a, b, bias, config=None):
         return c
     if K == 0:
         return c.copy_(bias.expand(M, N)) if bias is not None else c.zero_()
-    block_m, block_n, warps, stages, kernel = config or _config(M, N, a.dtype, a.device)
+    segments = k_segments(K, N, a.dtype)
+    block_m, block_n, warps, stages, kernel = config or _config(M, N, segments[0], a.dtype, a.device)
     tma_ok = a.stride(1) == 1 and _tma_ready(a) and _tma_ready(b) and _tma_ready(c)
-    launch = _launch_tma if kernel == "tma" and tma_ok else _launch_pointer
-    launch(a, b, bias, c, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
+    if kernel == "split" and segments[0] > 1:
+        launch = _launch_split
+    elif kernel == "tma" and tma_ok:
+        launch = _launch_tma
+    else:
+        launch = _launch_pointer
+    launch(a, b, bias, c, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
     return c
 
 
@@ -270,4 +369,4 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -
         return _matmul_triton(a, b, bias)
     if get_mode() == "standard":
         return _matmul_standard(a, b, bias)
-    return matmul_reference(a, b, bias)
+    return _matmul_torch(a, b, bias)

@@ -60,17 +60,15 @@ def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _check(x, weight)
+    return _rms_norm_torch(x, weight, eps)
+
+
+def _rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # The CPU backend runs this twice a layer on one row, where an op costs its dispatch, not its
+    # arithmetic: the temporaries are updated in place (the same roundings as fresh results).
     xf = x.float()
-    rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (xf * rstd * weight.float()).to(x.dtype)
-
-
-def rms_norm_residual_reference(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    _check(x, weight, residual)
-    summed = residual + x
-    return rms_norm_reference(summed, weight, eps), summed
+    rstd = xf.pow(2).mean(dim=-1, keepdim=True).add_(eps).rsqrt_()
+    return (xf * rstd).mul_(weight.float()).to(x.dtype)
 
 
 def _rms_norm_triton(
@@ -107,7 +105,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return _rms_norm_triton(x, None, weight, eps)[0]
     if get_mode() == "standard":
         return F.rms_norm(x, (x.shape[1],), weight.to(x.dtype), eps)
-    return rms_norm_reference(x, weight, eps)
+    return _rms_norm_torch(x, weight, eps)
 
 
 def rms_norm_residual(
@@ -117,7 +115,7 @@ def rms_norm_residual(
     _check(x, weight, residual)
     if use_triton(x, residual, weight):
         return _rms_norm_triton(x, residual, weight, eps)
+    summed = residual + x
     if get_mode() == "standard":
-        summed = residual + x
         return F.rms_norm(summed, (x.shape[1],), weight.to(x.dtype), eps), summed
-    return rms_norm_residual_reference(x, residual, weight, eps)
+    return _rms_norm_torch(summed, weight, eps), summed

@@ -88,24 +88,37 @@ def _rope_store_kernel(
 
 
 def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D] rotated by cos, sin [T, 1, D/2] (fp32), rotate-half layout, in torch."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    """x [T, heads, D] rotated by cos, sin [T, D/2] (fp32), rotate-half layout, in torch: each
+    product rounded on its own, then `x1*cos - x2*sin, x2*cos + x1*sin`."""
+    t = x.shape[0]
+    halves = x.float().unflatten(-1, (2, -1))   # [T, heads, 2, D/2]: x1, x2
+    cos, sin = cos.view(t, 1, 1, -1), sin.view(t, 1, 1, -1)
+    # At decode an op costs its dispatch, not its arithmetic: the four products in two ops, the
+    # sums in place.
+    out = halves * cos
+    x1_sin, x2_sin = (halves * sin).unbind(-2)
+    o1, o2 = out.unbind(-2)
+    o1.sub_(x2_sin)
+    o2.add_(x1_sin)
+    return out.flatten(-2).to(x.dtype)
 
 
 def rope_store_kv_reference(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,
                             q_norm=None, k_norm=None, eps=1e-6) -> torch.Tensor:
-    """The unfused steps: per-head norms through kernels.rms_norm, RoPE in torch, kernels.store_kv."""
-    t, d = qkv.shape[0], k_cache.shape[-1]
-    q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
-    q, k, v = q.reshape(t, num_heads, d), k.reshape(t, num_kv_heads, d), v.reshape(t, num_kv_heads, d)
+    """The unfused steps: per-head norms through kernels.rms_norm, RoPE in torch, kernels.store_kv.
+
+    q and k are adjacent in qkv and rotate alike (elementwise: the bits of a head do not depend
+    on its neighbours), so one rotation covers both."""
+    d = k_cache.shape[-1]
+    heads = qkv.unflatten(1, (-1, d))   # [T, Hq + 2 Hkv, D]
+    qk, v = heads[:, :num_heads + num_kv_heads], heads[:, num_heads + num_kv_heads:]
     if q_norm is not None:
-        q = rms_norm(q.reshape(-1, d), q_norm, eps).view_as(q)
-        k = rms_norm(k.reshape(-1, d), k_norm, eps).view_as(k)
-    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
-    q, k = rope_reference(q, c, s), rope_reference(k, c, s)
-    store_kv(k, v, k_cache, v_cache, slot_mapping)
-    return q
+        q, k = qk.split([num_heads, num_kv_heads], dim=1)
+        qk = torch.cat((rms_norm(q.reshape(-1, d), q_norm, eps).view_as(q),
+                        rms_norm(k.reshape(-1, d), k_norm, eps).view_as(k)), dim=1)
+    qk = rope_reference(qk, cos.index_select(0, positions), sin.index_select(0, positions))
+    store_kv(qk[:, num_heads:], v, k_cache, v_cache, slot_mapping)
+    return qk[:, :num_heads].contiguous()   # compact, as the fused kernel's q (a copy unless T is 1)
 
 
 def rope_store_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,

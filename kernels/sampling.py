@@ -58,7 +58,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
         return sampling_triton.argmax(logits)
     if get_mode() == "standard":
         return torch.argmax(logits, dim=-1)
-    return argmax_reference(logits.float())
+    return argmax_torch(logits.float())
 
 
 def sample(logits, seeds, steps, temperature, top_k, top_p, filtered: bool | None = None) -> torch.Tensor:
@@ -104,6 +104,14 @@ def argmax_reference(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x == best, ids, x.shape[-1]).min(dim=-1).values
 
 
+def argmax_torch(x: torch.Tensor) -> torch.Tensor:
+    """argmax_reference's answer at torch.argmax's speed (a third of the time, on a CPU row of
+    49k): torch.argmax too takes the lowest id among equal maxima (documented), but it ranks NaN
+    above every number, where the reference answers V for a row that holds one."""
+    ids = torch.argmax(x, dim=-1)
+    return torch.where(x.gather(-1, ids.unsqueeze(-1)).squeeze(-1).isnan(), x.shape[-1], ids)
+
+
 def keep_mask(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Bool [B, V]: the shortest prefix of the (value desc, id asc) ranking meeting top-k / top-p."""
     vocab = scaled.shape[-1]
@@ -147,7 +155,7 @@ def sample_reference(logits, seeds, steps, temperature, top_k, top_p) -> torch.T
     # The CPU backend decodes through here one row at a time: a greedy row needs only the
     # argmax, and a row that filters nothing no ranking (a sort of the whole vocabulary).
     if bool((temperature <= 0).all()):
-        return argmax_reference(logits.float())
+        return argmax_torch(logits.float())
     scaled = scale(logits, temperature)
     if bool(row_filters(temperature, top_k, top_p, vocab).any()):
         keep = keep_mask(scaled, top_k, top_p)
@@ -160,7 +168,7 @@ def sample_reference(logits, seeds, steps, temperature, top_k, top_p) -> torch.T
     has_mass = torch.cat([cdf[:, :1] > 0, cdf[:, 1:] > cdf[:, :-1]], dim=-1)
     last = torch.where(has_mass, ids, 0).max(dim=-1).values
     drawn = torch.where(drawn < vocab, drawn, last)
-    return torch.where(temperature.to(cdf.device) <= 0, argmax_reference(logits.float()), drawn)
+    return torch.where(temperature.to(cdf.device) <= 0, argmax_torch(logits.float()), drawn)
 
 
 def sample_standard(logits, temperature, top_k, top_p) -> torch.Tensor:

@@ -81,7 +81,7 @@ class Llama:
         eps = self.cfg.rms_norm_eps
         layers = self.w.layers
         batch = dataclasses.replace(batch, plan=kernels.attention_plan(
-            kv_caches[0][0], batch.block_tables, batch.kv_lens, batch.max_kv_len))
+            kv_caches[0][0], batch.block_tables, batch.cu_seqlens_q, batch.kv_lens, batch.max_kv_len))
         # Each residual add is fused into the norm that follows it: h carries the stream.
         h = self.w.embed[input_ids]
         x = kernels.rms_norm(h, layers[0].input_norm, eps)

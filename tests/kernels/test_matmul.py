@@ -1,11 +1,15 @@
+import importlib
 import random
 
 import pytest
 import torch
 
 import kernels
-from kernels.matmul import CONFIGS, _matmul_triton, matmul, matmul_reference
+from kernels.matmul import CONFIGS, _matmul_triton, k_segments, matmul, matmul_reference
 from kernels.mode import mode
+
+# The module, not the function that `kernels` exports under the same name.
+matmul_module = importlib.import_module("kernels.matmul")
 
 # Under the interpreter: tiny sizes, fp16/fp32 (its bf16 dot is wrong), K not a
 # multiple of BLOCK_K so the K tail is exercised. Its fp32 dot is a BLAS call
@@ -55,13 +59,52 @@ def test_every_tile_config_gives_the_same_bits(dtype, randn, gpu):
     # instructions, which this checks. (The interpreter's numpy dot rounds
     # differently per block shape, so it uses one shape and cannot run this.)
     K, N = SHAPES[0]
+    assert k_segments(K, N, dtype)[0] > 1   # so that the split kernel runs too
     a, weight = randn(max(BATCH_SIZES[:6]), K, dtype=dtype), randn(N, K, dtype=dtype)
     first = None
     for config in CONFIGS.values():
-        for kernel in ("tma", "pointer"):
+        for kernel in ("tma", "pointer", "split"):
             out = _matmul_triton(a, weight.t(), None, (*config[:4], kernel))
             first = out if first is None else first
             assert torch.equal(out, first), (config, kernel)
+
+
+@pytest.fixture
+def small_segments(monkeypatch):
+    """The split rule at test sizes: a segment per BLOCK_K step, as many as there are steps."""
+    monkeypatch.setattr(matmul_module, "_MIN_SEGMENT_STEPS", 1)
+    monkeypatch.setattr(matmul_module, "_SPLIT_PROGRAMS", 1 << 20)
+
+
+@pytest.mark.parametrize("with_bias", (False, True))
+def test_split_programs_add_segments_as_one_program_does(with_bias, randn, small_segments):
+    # A decode step gives each K segment its own program and adds their sums in a second
+    # launch; a batch adds them inside one program. Same tile, same bits (fp16: see above).
+    dtype = BIT_DTYPES[0]
+    K, N = SHAPES[1]
+    assert k_segments(K, N, dtype)[0] > 1
+    a, weight, bias = randn(5, K, dtype=dtype), randn(N, K, dtype=dtype), randn(N, dtype=dtype)
+    bias = bias if with_bias else None
+    tile = CONFIGS["split"][:4]
+    split = _matmul_triton(a, weight.t(), bias, (*tile, "split"))
+    assert torch.equal(split, _matmul_triton(a, weight.t(), bias, (*tile, "pointer")))
+    assert torch.equal(split, _matmul_triton(a, weight.t(), bias, (*tile, "split")))   # its counts start at zero again
+    assert rel_err(split, a.double() @ weight.t().double() + (bias.double() if with_bias else 0)) < REL_TOL[dtype]
+
+
+@pytest.mark.parametrize("K,N", SHAPES)
+def test_row_bits_do_not_depend_on_the_batch_with_segments(K, N, randn, gen, small_segments):
+    test_row_bits_do_not_depend_on_the_batch(K, N, BIT_DTYPES[0], randn, gen)
+
+
+def test_segments_depend_on_k_and_n_only():
+    for dtype in (torch.bfloat16, torch.float32):
+        for K, N in ((1024, 1024), (2048, 1024), (4096, 4096), (14336, 4096), (1024, 151936), (100, 7)):
+            segments, per = k_segments(K, N, dtype)
+            steps = -(-K // matmul_module.BLOCK_K[dtype])
+            assert segments >= 1 and (segments - 1) * per < steps <= segments * per   # no empty segment
+    assert k_segments(14336, 4096, torch.bfloat16) == (4, 56)   # an 8B down projection
+    assert k_segments(1024, 151936, torch.bfloat16) == (1, 16)  # an LM head: its N fills the GPU
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

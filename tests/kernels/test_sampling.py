@@ -128,6 +128,24 @@ def test_argmax_breaks_ties_by_lowest_id(device):
     assert sampling.argmax(x).tolist() == [4, 8193, 0, vocab - 1, 0]
 
 
+def test_cpu_argmax_gives_the_reference_answer(gen):
+    """The CPU backend's greedy path (torch.argmax) answers as the spelled-out reference does on
+    ties (of +0.0 and -0.0 too), infinities and rows that hold NaN, at a real vocabulary."""
+    x = _tied_logits(gen, 9, 49152, "cpu")
+    x[0, [7, 40000]] = 99.0
+    x[1, [3, 5]] = float("nan")
+    x[2, -1] = float("nan")
+    x[3] = float("-inf")
+    x[4, [11, 30000]] = float("inf")
+    x[5] = -1.0
+    x[5, [6, 2]] = torch.tensor([0.0, -0.0])
+    x[6] = 0.0
+    x[6, 4] = -0.0
+    x[7] = float("nan")
+    assert torch.equal(sampling.argmax_torch(x), sampling.argmax_reference(x))
+    assert sampling.argmax_torch(x)[:8].tolist() == [7, 49152, 49152, 0, 11, 2, 0, 49152]
+
+
 def test_argmax_matches_reference_on_bf16(gen, device):
     x = _tied_logits(gen, 16, 5000, device, torch.bfloat16)
     got = sampling.argmax(x)
