@@ -309,7 +309,8 @@ def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, s
     )
 
 
-# Per device, one arrival count per tile of a split launch, left at zero by every launch.
+# Per device, one arrival count per tile of a split launch, left at zero by every launch. Two
+# split launches running at once on different streams would share them: the engine runs one.
 _counts: dict[torch.device, torch.Tensor] = {}
 
 
