@@ -7,8 +7,9 @@ the segments' sums are then added in order, first to last. Neither BLOCK_K, nor
 the segments, nor either order depends on M, so row i of C gets the same
 sequence of roundings whether it is computed alone or inside a batch of 8192
 rows. A large batch sums the segments inside one program; a decode step, whose
-N tiles alone leave most SMs idle, gives each segment its own program and adds
-their fp32 sums in a second launch: the same additions in the same order.
+N tiles alone leave most SMs idle, gives each segment its own program, and the
+last of a tile's programs to finish adds their fp32 sums: the same additions in
+the same order, in one launch.
 
 The M and N tile sizes do vary with the shape, for speed: they only decide
 which program owns an element, not how it is summed. That this holds on the
@@ -73,10 +74,10 @@ def _config(m: int, n: int, segments: int, dtype: torch.dtype, device: torch.dev
         # the block shape, so there one shape serves every M. fp32 is not a
         # serving dtype: one config whose fp32 tiles fit in shared memory.
         return CONFIGS["medium"]
-    sms = sm_count(device)
-    fill = 0.8 * sms
     if m <= 16 and segments > 1:
         return CONFIGS["split"]
+    sms = sm_count(device)
+    fill = 0.8 * sms
     if m <= 64:
         if triton.cdiv(n, 128) >= fill:
             return CONFIGS["medium"]

@@ -64,20 +64,14 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
     return sizes + [max_batch]
 
 
-def graph_token_counts(max_tokens: int, smallest: int = 64) -> list[int]:
-    counts = []
-    while smallest < max_tokens:
-        counts.append(smallest)
+def doublings(limit: int, smallest: int) -> list[int]:
+    """smallest, 2 * smallest, ... below limit, then limit: the token counts (from 64) and KV
+    bounds (from 256) that graphs are captured at."""
+    sizes = []
+    while smallest < limit:
+        sizes.append(smallest)
         smallest *= 2
-    return counts + [max_tokens]
-
-
-def graph_kv_bounds(max_model_len: int, smallest: int = 256) -> list[int]:
-    bounds = []
-    while smallest < max_model_len:
-        bounds.append(smallest)
-        smallest *= 2
-    return bounds + [max_model_len]
+    return sizes + [limit]
 
 
 @dataclasses.dataclass
@@ -128,8 +122,8 @@ class ModelRunner:
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}                # tokens
         self.head_graphs: dict[tuple[int, bool, bool], tuple] = {}   # (rows, filtered, logprobs) -> graph, outputs
         self.graph_sizes = graph_batch_sizes(max_batch)
-        self.graph_bounds = graph_kv_bounds(max_model_len)
-        self.graph_tokens = graph_token_counts(max_tokens)
+        self.graph_bounds = doublings(max_model_len, 256)
+        self.graph_tokens = doublings(max_tokens, 64)
         if use_cuda_graphs and gpu:
             self._capture()
 
