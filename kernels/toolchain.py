@@ -20,12 +20,16 @@ FP_FUSION = True
 
 
 def toolchain(device: torch.device) -> str:
-    """The versions that fix a kernel's bits on `device`: torch (and its CUDA), Triton, and the
-    ptxas Triton assembles with for that GPU."""
+    """What fixes a kernel's bits on `device`: torch (and its CUDA), Triton, and the ptxas Triton
+    assembles with for that GPU; on the CPU, the vector width torch's kernels pick for this
+    processor and the thread count that splits their reductions (one thread and two give the
+    SmolLM2 checkpoint other last bits)."""
     parts = [f"torch {torch.__version__}", f"triton {triton.__version__}"]
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         parts += [f"cuda {torch.version.cuda}", f"ptxas {_ptxas(major * 10 + minor)}"]
+    else:
+        parts += [f"cpu {torch.backends.cpu.get_cpu_capability()}", f"{torch.get_num_threads()} threads"]
     return ", ".join(parts)
 
 

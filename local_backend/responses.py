@@ -25,7 +25,8 @@ def json_response(body: dict, status: int = 200, headers: dict | None = None) ->
 
 
 async def events(engine: Engine, prompt: list[int], params: SamplingParams):
-    """The engine's events for one request; aborts the sequence if the consumer leaves early."""
+    """The engine's events for one request, each with whether more are already queued behind it;
+    aborts the sequence if the consumer leaves early."""
     seq_id, sink = engine.submit(prompt, params)
     done = False
     try:
@@ -33,7 +34,7 @@ async def events(engine: Engine, prompt: list[int], params: SamplingParams):
             event: Event = await sink.get()
             if event.error:
                 raise APIError(500, event.error, type="server_error")
-            yield event
+            yield event, not sink.empty()
             if event.finish_reason:
                 done = True
                 return
@@ -143,7 +144,7 @@ class Handler:
     async def full(self) -> web.Response:
         text, logprob_events = [], []
         async with contextlib.aclosing(events(self.engine, self.prompt, self.params)) as stream:
-            async for event in stream:
+            async for event, _ in stream:
                 self.prompt_entries = event.prompt_logprobs or self.prompt_entries
                 text.append(self.gen.advance(event))
                 if event.sample is not None:
@@ -163,25 +164,30 @@ class Handler:
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache", **self.headers()})
         await response.prepare(self.request)
         want_logprobs = self.params.logprobs is not None
-        pending: list[Event] = []   # tokens whose text is still held back
+        # Tokens not yet sent: their text is held back (a partial character, a possible stop
+        # string), or more tokens are already queued behind them. A handler that has fallen
+        # behind the engine (hundreds of streams share this interpreter with it) then catches
+        # up with one write for what is queued instead of one per token.
+        pending: list[Event] = []
+        text = ""
         first = self.first_chunk()
         if first is not None:
             await self.send(response, first)
         try:
             async with contextlib.aclosing(events(self.engine, self.prompt, self.params)) as stream:
-                async for event in stream:
+                async for event, more in stream:
                     if event.prompt_logprobs is not None:
                         self.prompt_entries = event.prompt_logprobs
                     if self.gen.tokens == 0:
                         lead = self.lead_chunk()
                         if lead is not None:
                             await self.send(response, lead)
-                    delta = self.gen.advance(event)
+                    text += self.gen.advance(event)
                     if event.sample is not None:
                         pending.append(event)
-                    if delta:
-                        await self.send(response, self.chunk(delta, pending if want_logprobs else None, None))
-                        pending = []
+                    if text and (not more or self.gen.finish_reason):
+                        await self.send(response, self.chunk(text, pending if want_logprobs else None, None))
+                        text, pending = "", []
                     if self.gen.finish_reason:
                         break
         except APIError as e:

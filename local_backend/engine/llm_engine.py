@@ -2,7 +2,8 @@
 
 HTTP handlers never touch the model. They submit token ids and get an asyncio.Queue
 that the loop feeds through call_soon_threadsafe: one Event per sampled token, the last
-one carrying the finish reason. With --audit-rate R, a fraction R of finished requests
+one carrying the finish reason (outbox.py: held until the next step is on the GPU).
+With --audit-rate R, a fraction R of finished requests
 is later re-run when the engine is idle, alone and cold, and the tokens compared with
 what was served.
 """
@@ -28,6 +29,7 @@ from kernels.attention_triton import attention_layout_problem
 from local_backend.config import EngineConfig, ModelConfig, settings_digest
 from local_backend.engine.block_manager import BlockManager
 from local_backend.engine.model_runner import ModelRunner, Sample
+from local_backend.engine.outbox import Outbox
 from local_backend.engine.scheduler import Scheduler
 from local_backend.engine.sequence import Sequence
 from local_backend.errors import CheckpointError
@@ -136,6 +138,7 @@ class Engine:
         self._auditing: dict[int, _Audit] = {}
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
+        self._outbox = Outbox()
 
     # ---- called from the event loop ------------------------------------------------
 
@@ -197,11 +200,14 @@ class Engine:
     def _loop(self) -> None:
         while True:
             block = not self.scheduler.has_work() and not self._audits
+            if block:
+                self._outbox.send()
             try:
                 while True:
                     kind, item, sink = self._inbox.get(block=block)
                     block = False
                     if kind == "stop":
+                        self._outbox.send()
                         return
                     self._command(kind, item, sink)
             except queue.Empty:
@@ -234,11 +240,13 @@ class Engine:
         queries, hits = self.blocks.queries, self.blocks.hits
         scheduled = self.scheduler.schedule()
         if not scheduled:
+            self._outbox.send()
             return
         try:
-            output = self.runner.step(scheduled)
+            output = self.runner.step(scheduled, self._outbox.send)
         except Exception as e:  # a failed step fails its requests, not the server
             log.exception("engine step failed")
+            self._outbox.send()
             self.last_error = f"{type(e).__name__}: {e}"
             for seq in list(self._seqs.values()):
                 self._emit(seq.seq_id, Event(error="the inference step failed; see the backend log"))
@@ -247,7 +255,6 @@ class Engine:
         self.scheduler.after_step(scheduled)
         for seq_id, entries in output.prompt_logprobs.items():
             self._seqs[seq_id].prompt_logprobs += entries
-        outbox: dict[asyncio.AbstractEventLoop, list] = collections.defaultdict(list)
         generated = 0
         for seq, sample in zip(output.sampled, output.samples):
             prompt = seq.prompt_logprobs if seq.params.prompt_logprobs is not None and seq.num_generated == 0 else None
@@ -263,11 +270,9 @@ class Engine:
                     reason = "length"
             sink = self._sinks.get(seq.seq_id)
             if sink is not None:
-                outbox[sink[0]].append((sink[1], Event(sample, reason, prompt_logprobs=prompt)))
+                self._outbox.put(sink[0], sink[1], Event(sample, reason, prompt_logprobs=prompt))
             if reason:
                 self._finish(seq)
-        for loop, items in outbox.items():
-            loop.call_soon_threadsafe(_deliver, items)
         m = self.metrics
         m.generation_tokens.inc(generated)
         m.batch_size.observe(len(scheduled))
@@ -298,8 +303,3 @@ class Engine:
         elif audit and seq.num_generated and self._audit_rng.random() < self.config.audit_rate:
             self._audits.append(_Audit(seq.token_ids[:seq.num_prompt_tokens], seq.params,
                                        seq.token_ids[seq.num_prompt_tokens:]))
-
-
-def _deliver(items) -> None:
-    for sink, event in items:
-        sink.put_nowait(event)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -249,7 +250,7 @@ class ModelRunner:
                                 d["top_p"][:n], filtered=filtered)
         if not logprobs:
             return (tokens,)
-        lp = kernels.log_softmax(logits)
+        lp = kernels.log_softmax(logits.float())
         top_lp, top_ids = torch.topk(lp, min(TOP_LOGPROBS, lp.shape[-1]), dim=-1)
         return tokens, lp.gather(1, tokens.unsqueeze(1)).squeeze(1), top_lp, top_ids
 
@@ -289,7 +290,7 @@ class ModelRunner:
             hi = min(start + item.num_tokens, seq.num_prompt_tokens - 1)
             if hi <= lo:
                 continue
-            lp = kernels.log_softmax(self.model.logits(self.hidden[first + lo - start:first + hi - start]))
+            lp = kernels.log_softmax(self.model.logits(self.hidden[first + lo - start:first + hi - start]).float())
             targets = torch.tensor(seq.token_ids[lo + 1:hi + 1], device=self.device).unsqueeze(1)
             chosen = lp.gather(1, targets)
             rank = (lp > chosen).sum(dim=1) + 1
@@ -300,7 +301,11 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
-    def step(self, scheduled: list[Scheduled]) -> StepOutput:
+    def step(self, scheduled: list[Scheduled], launched: Callable[[], None] = lambda: None) -> StepOutput:
+        """Run one step. `launched` is called once, when the step's work is queued on the GPU as far
+        as the host can queue it without waiting: the engine hands the previous step's tokens to
+        the HTTP side then, which works while the GPU does, and may wait there for the handlers
+        (outbox.py) without leaving the GPU idle."""
         staged = self._stage(scheduled)
         forward, prefill, head = self._forward_graph(staged), self._prefill_graph(staged), self._head_graph(staged)
         if forward:
@@ -311,18 +316,22 @@ class ModelRunner:
             self._pad_rows(len(staged.sampled), head[0])
         self.inputs.upload(forward[0] if forward else self.max_seqs if prefill else staged.seqs)
         self._mark(0)
-        if forward:
-            self.forward_graphs[forward].replay()
-        elif prefill:
-            self.prefill_graphs[prefill].replay()
-        else:
+        graph = self.forward_graphs[forward] if forward else self.prefill_graphs[prefill] if prefill else None
+        # The hand-over goes before the step's first eager part (eager launches are host work,
+        # and standard mode's torch sampler waits for the GPU), else after the last graph.
+        if graph is None:
+            launched()
             args = self._batch(staged.seqs, staged.tokens, staged.max_q_len, staged.max_kv_len)
             self.hidden[:staged.tokens].copy_(self.model.forward(*args))
+        else:
+            graph.replay()
         self._mark(1)
+        if graph is not None and not head:
+            launched()
         outputs = ()
         if head:
-            graph, outputs = self.head_graphs[head]
-            graph.replay()
+            head_graph, outputs = self.head_graphs[head]
+            head_graph.replay()
         elif staged.sampled:
             outputs = self._head(len(staged.sampled), staged.filtered, staged.logprobs)
         n = len(staged.sampled)
@@ -330,6 +339,8 @@ class ModelRunner:
         for h, out in zip(host, outputs):
             h.copy_(out[:n], non_blocking=True)
         self._mark(2)
+        if graph is not None and head:
+            launched()
         prompt = self._prompt_logprobs(staged)
         gpu_seconds = self._wait()
         return StepOutput(staged.sampled, self._samples(staged, host) if n else [], prompt, gpu_seconds)

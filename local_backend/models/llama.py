@@ -92,4 +92,7 @@ class Llama:
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return kernels.matmul(hidden, self.w.lm_head).float()
+        """In the model's dtype: the sampler draws from bf16 the tokens it draws from their fp32
+        upcast (bench/results/kernels_decode_options.md) and reads half the bytes; log_softmax's
+        bits differ, so logprobs take the upcast."""
+        return kernels.matmul(hidden, self.w.lm_head)

@@ -18,7 +18,7 @@ import torch
 
 import kernels
 from kernels.attention import paged_attention, paged_attention_reference, store_kv
-from kernels.attention_torch import store_kv_torch
+from kernels.attention_torch import paged_attention_per_sequence, per_sequence_plan, store_kv_torch
 from kernels import attention_triton
 from kernels.attention_triton import BLOCK_N, WIDE_FROM, WIDE_TILES, paged_attention_triton
 
@@ -261,6 +261,25 @@ def test_cpu_backend_path_matches_reference(G, gen, monkeypatch):
     ref = paged_attention_reference(*(a.double() if a.is_floating_point() else a for a in args),
                                     compute_dtype=torch.float64)
     assert _rel_err(out, ref) < 1e-6
+
+
+def test_cpu_path_is_causal_gives_the_mask_s_bits(gen):
+    """The CPU path hands a prompt's first chunk (queries over all its positions) to SDPA's
+    is_causal instead of a mask: the same bits, past a key block of the CPU kernel (512) and
+    with prompt lengths that leave partial blocks."""
+    h_kv, G, D, block_size = 3, 3, 64, 16
+    for kv_len in (37, 700):
+        blocks = -(-kv_len // block_size)
+        kc, vc = torch.randn(2, blocks, block_size, h_kv, D, generator=gen)
+        q = torch.randn(kv_len, G * h_kv, D, generator=gen)
+        batch = (torch.arange(blocks, dtype=torch.int32)[None], torch.tensor([0, kv_len], dtype=torch.int32),
+                 torch.tensor([kv_len], dtype=torch.int32))
+        plan = per_sequence_plan(kc, *batch)
+        assert plan[0][5]   # is_causal stands in
+        positions = torch.arange(kv_len)
+        masked = [plan[0][:4] + (positions <= positions[:, None], False)]
+        assert torch.equal(paged_attention_per_sequence(q, kc, vc, plan, D ** -0.5),
+                           paged_attention_per_sequence(q, kc, vc, masked, D ** -0.5))
 
 
 # -- GPU at real sizes, bf16 ----------------------------------------------------------------------

@@ -12,8 +12,16 @@ import kernels
 KERNELS = Path(kernels.__file__).parent
 
 
-def test_toolchain_names_the_compilers():
-    assert kernels.toolchain(torch.device("cpu")) == f"torch {torch.__version__}, triton {triton.__version__}"
+def test_toolchain_names_the_compilers_and_on_the_cpu_its_vector_width_and_threads():
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            assert kernels.toolchain(torch.device("cpu")) == (
+                f"torch {torch.__version__}, triton {triton.__version__}, "
+                f"cpu {torch.backends.cpu.get_cpu_capability()}, {n} threads")
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _launches(tree: ast.AST):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import openai
@@ -11,6 +12,7 @@ import torch
 import kernels
 
 from conftest import Server, metric
+from local_backend.engine.outbox import STALL_SECONDS
 from local_backend.tokenizer import Tokenizer
 from reference import ReferenceModel
 
@@ -76,6 +78,28 @@ async def test_streaming_equals_non_streaming(server):
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == full.choices[0].finish_reason
         assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
         assert {c.system_fingerprint for c in chunks} == {full.system_fingerprint}
+
+
+async def test_a_stream_that_fell_behind_catches_up_in_fewer_chunks(qwen3):
+    """Tokens queued behind a busy event loop go out together, with the text and logprobs
+    they would have had one chunk each; the engine, held at most STALL_SECONDS a step by a
+    loop that does not read, still generates them."""
+    body = dict(model="qwen3", prompt="Deterministic answers", max_tokens=16, temperature=0, logprobs=1,
+                extra_body={"ignore_eos": True})
+    full = await qwen3.client.completions.create(**body)
+
+    def with_tokens(chunks):
+        return [c for c in chunks if c.choices and c.choices[0].logprobs and c.choices[0].logprobs.tokens]
+
+    kept_up = with_tokens([c async for c in await qwen3.client.completions.create(stream=True, **body)])
+    stream = await qwen3.client.completions.create(stream=True, **body)
+    chunks = [await anext(stream)]
+    time.sleep(16 * STALL_SECONDS + 0.5)   # holds the server's event loop (this one) while the engine generates
+    chunks += [c async for c in stream]
+    assert len(with_tokens(chunks)) < len(kept_up) / 2
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
+    assert [lp for c in with_tokens(chunks) for lp in c.choices[0].logprobs.token_logprobs] == \
+        full.choices[0].logprobs.token_logprobs
 
 
 async def test_stop_string_across_token_boundaries_is_cut_and_not_returned(server):
