@@ -35,8 +35,10 @@ from kernels_dense import gpu_us, rotating  # noqa: E402
 SHAPES = {"0.6B qkv": (1024, 4096), "0.6B o": (2048, 1024), "0.6B gate_up": (1024, 6144), "0.6B down": (3072, 1024),
           "0.6B lm_head": (1024, 151936), "8B qkv": (4096, 6144), "8B o": (4096, 4096), "8B gate_up": (4096, 28672),
           "8B down": (14336, 4096)}
-CANDIDATES = [(16, 32, 4, 8, "tma"), (16, 32, 4, 8, "pointer"), (16, 64, 4, 2, "split"), (16, 64, 4, 4, "split"),
-              (16, 64, 4, 6, "split"), (16, 128, 4, 4, "split"), (16, 64, 8, 4, "split")]
+# The first two and the last: the dispatch before the shipped 8-warp config (16x64 w4 for split
+# shapes; for one segment 16x32 TMA tiles or, where N alone fills the GPU, 64x128).
+CANDIDATES = [(16, 64, 4, 4, "split"), (16, 32, 4, 8, "tma"), (16, 32, 4, 8, "pointer"), (16, 64, 4, 2, "split"),
+              (16, 64, 4, 6, "split"), (16, 128, 4, 4, "split"), (64, 128, 4, 5, "tma")]
 # (_SPLIT_PROGRAMS, _MIN_SEGMENT_STEPS); the first makes one segment everywhere: the dispatch before split-K.
 RULES = [(512, 1 << 30), (256, 8), (1024, 8), (512, 4), (1024, 4)]
 matmul_module = sys.modules["kernels.matmul"]

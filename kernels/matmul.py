@@ -49,8 +49,10 @@ CONFIGS = {
     "wide": (128, 128, 8, 4, "tma"),      # enough 128x128 tiles to fill it
     "medium": (64, 128, 4, 5, "tma"),     # mid M, or wide N at decode
     "narrow": (64, 32, 4, 8, "pointer"),  # 17..128 rows, N too small to fill the GPU with wider tiles
-    "decode": (16, 32, 4, 8, "tma"),      # decode, 1..16 rows: the weight read is all the cost
-    "split": (16, 64, 4, 4, "split"),     # decode where K has segments: a program per segment
+    # Decode, 1..16 rows, where the weight read is all the cost: a program per (tile, K
+    # segment); with one segment, the pointer kernel. Over a layer's four matmuls the fastest
+    # of the sweep, 3-5% ahead of 4 warps (bench/results/kernels_decode_options.md).
+    "decode": (16, 64, 8, 4, "split"),
 }
 _GROUP_M = 8
 # One 128x256 tile's time over two 128x128 tiles', H100 under sustained load (clocks held
@@ -66,7 +68,7 @@ def k_segments(k: int, n: int, dtype: torch.dtype) -> tuple[int, int]:
     return triton.cdiv(steps, per), per
 
 
-def _config(m: int, n: int, segments: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, str]:
+def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, str]:
     """Pick tiles that give every SM work; decode wants many thin N tiles, and a
     program per K segment where N alone gives too few."""
     if device.type != "cuda" or dtype == torch.float32:
@@ -74,14 +76,14 @@ def _config(m: int, n: int, segments: int, dtype: torch.dtype, device: torch.dev
         # the block shape, so there one shape serves every M. fp32 is not a
         # serving dtype: one config whose fp32 tiles fit in shared memory.
         return CONFIGS["medium"]
-    if m <= 16 and segments > 1:
-        return CONFIGS["split"]
+    if m <= 16:
+        return CONFIGS["decode"]
     sms = sm_count(device)
     fill = 0.8 * sms
     if m <= 64:
         if triton.cdiv(n, 128) >= fill:
             return CONFIGS["medium"]
-        return CONFIGS["narrow"] if m > 16 else CONFIGS["decode"]
+        return CONFIGS["narrow"]
     large, wide = triton.cdiv(m, 128) * triton.cdiv(n, 256), triton.cdiv(m, 128) * triton.cdiv(n, 128)
     if large >= fill:
         # Waves of one tile per SM: a 128x256 tile does two 128x128 tiles' work in
@@ -344,7 +346,7 @@ def _matmul_triton(a, b, bias, config=None):
     if K == 0:
         return c.copy_(bias.expand(M, N)) if bias is not None else c.zero_()
     segments = k_segments(K, N, a.dtype)
-    block_m, block_n, warps, stages, kernel = config or _config(M, N, segments[0], a.dtype, a.device)
+    block_m, block_n, warps, stages, kernel = config or _config(M, N, a.dtype, a.device)
     tma_ok = a.stride(1) == 1 and _tma_ready(a) and _tma_ready(b) and _tma_ready(c)
     if kernel == "split" and segments[0] > 1:
         launch = _launch_split

@@ -78,14 +78,14 @@ def small_segments(monkeypatch):
 
 @pytest.mark.parametrize("with_bias", (False, True))
 def test_split_programs_add_segments_as_one_program_does(with_bias, randn, small_segments):
-    # A decode step gives each K segment its own program and adds their sums in a second
-    # launch; a batch adds them inside one program. Same tile, same bits (fp16: see above).
+    # A decode step gives each K segment its own program, the last of a tile adding their
+    # sums; a batch adds them inside one program. Same tile, same bits (fp16: see above).
     dtype = BIT_DTYPES[0]
     K, N = SHAPES[1]
     assert k_segments(K, N, dtype)[0] > 1
     a, weight, bias = randn(5, K, dtype=dtype), randn(N, K, dtype=dtype), randn(N, dtype=dtype)
     bias = bias if with_bias else None
-    tile = CONFIGS["split"][:4]
+    tile = CONFIGS["decode"][:4]
     split = _matmul_triton(a, weight.t(), bias, (*tile, "split"))
     assert torch.equal(split, _matmul_triton(a, weight.t(), bias, (*tile, "pointer")))
     assert torch.equal(split, _matmul_triton(a, weight.t(), bias, (*tile, "split")))   # its counts start at zero again
