@@ -1,13 +1,13 @@
 """How the engine thread hands events to the HTTP side's event loops.
 
-A step's events are held until the next step's forward is queued on the GPU: the handlers'
-work on them (detokenizing, writing the streams) then shares the GIL with the engine's wait
-for the GPU, not with the scheduling and staging that the GPU waits for. And the engine
-stays at most one lot ahead of the handlers: before sending a lot it waits until the loops
-have run the handlers that the previous lot woke. Without that, at hundreds of streams the
-engine outran the handlers, and some streams waited 160 ms between chunks while others
-were served (bench/results/backend_notes.md). A stalled loop holds the engine back for at
-most STALL_SECONDS a lot.
+A step's events are held until the next step's work is queued on the GPU (ModelRunner.step
+calls send): the handlers' work on them (detokenizing, writing the streams) then shares the
+GIL with the engine's wait for the GPU, not with the scheduling and staging that the GPU
+waits for. And the engine stays at most one lot ahead of the handlers: before sending a lot
+it waits until the loops have run the handlers that the previous lot woke. Without that, at
+256 streams the engine outran the handlers, and some streams waited 160 ms between chunks
+while others were served (bench/results/backend_handoff_ab.md). A stalled loop holds the
+engine back for at most STALL_SECONDS a lot.
 """
 from __future__ import annotations
 
