@@ -72,8 +72,8 @@ def paged_attention_reference(
 
 def per_sequence_plan(k_cache, block_tables, cu_seqlens_q, kv_lens) -> list[tuple]:
     """What paged_attention_per_sequence reads from the host, read once for all the layers of a
-    forward pass: for each sequence with queries, its rows a:b of q, its pages, its KV length, its
-    causal mask and whether SDPA's own causal rule stands in for the mask."""
+    forward pass: for each sequence with queries, its rows a:b of q, its pages, its KV length and
+    its causal mask, None where a lone query needs none or SDPA's own causal rule stands in."""
     plan = []
     cu, tables = cu_seqlens_q.tolist(), block_tables.tolist()
     for s, kv_len in enumerate(kv_lens.tolist()):
@@ -85,11 +85,11 @@ def per_sequence_plan(k_cache, block_tables, cu_seqlens_q, kv_lens) -> list[tupl
         # and gives the mask's bits: a skipped block only adds zeros and rescales by exp(0).
         # Other chunks are causal aligned to the last position (row i sees keys up to
         # kv_len - q_len + i), which is_causal (aligned to the first) cannot say.
-        mask, causal = None, b - a == kv_len and kv_len > 1
-        if b - a > 1 and not causal:
+        mask = None
+        if 1 < b - a < kv_len:
             positions = torch.arange(kv_len, device=k_cache.device)
             mask = positions <= positions[kv_len - (b - a):, None]
-        plan.append((a, b, _pages(tables[s], kv_len, k_cache.shape[1], k_cache.device), kv_len, mask, causal))
+        plan.append((a, b, _pages(tables[s], kv_len, k_cache.shape[1], k_cache.device), kv_len, mask))
     return plan
 
 
@@ -100,10 +100,10 @@ def paged_attention_per_sequence(q, k_cache, v_cache, plan: list[tuple], scale) 
     transformers' own CPU attention."""
     H, h_kv = q.shape[1], k_cache.shape[2]
     out = torch.empty_like(q)
-    for a, b, pages, kv_len, mask, causal in plan:
+    for a, b, pages, kv_len, mask in plan:
         k, v = (x.transpose(0, 1)[None] for x in _sequence_kv(k_cache, v_cache, pages, kv_len))   # [1, Hkv, kv, D]
-        o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1)[None], k, v, attn_mask=mask, is_causal=causal,
-                                           scale=scale, enable_gqa=H != h_kv)
+        o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1)[None], k, v, attn_mask=mask,
+                                           is_causal=mask is None and b - a > 1, scale=scale, enable_gqa=H != h_kv)
         out[a:b] = o[0].transpose(0, 1)
     return out
 

@@ -246,11 +246,11 @@ class Engine:
             output = self.runner.step(scheduled, self._outbox.send)
         except Exception as e:  # a failed step fails its requests, not the server
             log.exception("engine step failed")
-            self._outbox.send()
             self.last_error = f"{type(e).__name__}: {e}"
             for seq in list(self._seqs.values()):
                 self._emit(seq.seq_id, Event(error="the inference step failed; see the backend log"))
                 self._finish(seq, audit=False)
+            self._outbox.send()
             return
         self.scheduler.after_step(scheduled)
         for seq_id, entries in output.prompt_logprobs.items():
@@ -268,9 +268,7 @@ class Engine:
                     reason = "stop"
                 elif seq.num_generated >= seq.params.max_tokens or len(seq) >= self.max_model_len:
                     reason = "length"
-            sink = self._sinks.get(seq.seq_id)
-            if sink is not None:
-                self._outbox.put(sink[0], sink[1], Event(sample, reason, prompt_logprobs=prompt))
+            self._emit(seq.seq_id, Event(sample, reason, prompt_logprobs=prompt))
             if reason:
                 self._finish(seq)
         m = self.metrics
@@ -285,9 +283,10 @@ class Engine:
             m.step_gpu_phase[phase].inc(seconds)
 
     def _emit(self, seq_id: int, event: Event) -> None:
+        """Hold an event for its request's sink, in order; the outbox sends it."""
         sink = self._sinks.get(seq_id)
         if sink is not None:
-            sink[0].call_soon_threadsafe(sink[1].put_nowait, event)
+            self._outbox.put(sink[0], sink[1], event)
 
     def _finish(self, seq: Sequence, audit: bool = True) -> None:
         self.scheduler.remove(seq)

@@ -275,9 +275,9 @@ def test_cpu_path_is_causal_gives_the_mask_s_bits(gen):
         batch = (torch.arange(blocks, dtype=torch.int32)[None], torch.tensor([0, kv_len], dtype=torch.int32),
                  torch.tensor([kv_len], dtype=torch.int32))
         plan = per_sequence_plan(kc, *batch)
-        assert plan[0][5]   # is_causal stands in
+        assert plan[0][4] is None   # is_causal stands in
         positions = torch.arange(kv_len)
-        masked = [plan[0][:4] + (positions <= positions[:, None], False)]
+        masked = [plan[0][:4] + (positions <= positions[:, None],)]
         assert torch.equal(paged_attention_per_sequence(q, kc, vc, plan, D ** -0.5),
                            paged_attention_per_sequence(q, kc, vc, masked, D ** -0.5))
 
