@@ -11,7 +11,7 @@ import torch
 
 import kernels
 
-from conftest import Server, metric
+from conftest import Server, make_engine, metric
 from local_backend.engine.outbox import STALL_SECONDS
 from local_backend.tokenizer import Tokenizer
 from reference import ReferenceModel
@@ -100,6 +100,36 @@ async def test_a_stream_that_fell_behind_catches_up_in_fewer_chunks(qwen3):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
     assert [lp for c in with_tokens(chunks) for lp in c.choices[0].logprobs.token_logprobs] == \
         full.choices[0].logprobs.token_logprobs
+
+
+async def test_a_failed_step_fails_its_requests_not_the_server(checkpoints, monkeypatch):
+    """A step that raises ends its requests with OpenAI's 500 server_error, a stream after the
+    tokens it already had, and the next request is served as before."""
+    async with Server(make_engine(checkpoints["qwen3"]), "qwen3") as s:
+        body = dict(model="qwen3", prompt="Deterministic answers", max_tokens=8, temperature=0,
+                    extra_body={"ignore_eos": True})
+        good = (await s.client.completions.create(**body)).choices[0].text
+        step, calls = s.engine.runner.step, []
+
+        def fails_fourth(scheduled, launched=lambda: None):
+            calls.append(1)
+            if len(calls) % 4 == 0:
+                raise RuntimeError("device lost")
+            return step(scheduled, launched)
+
+        monkeypatch.setattr(s.engine.runner, "step", fails_fourth)
+        received = []
+        with pytest.raises(openai.APIError, match="inference step failed"):
+            async for chunk in await s.client.completions.create(stream=True, **body):
+                received.append(chunk.choices[0].text)
+        assert good.startswith("".join(received))
+        calls.clear()
+        calls += [1, 1, 1]   # the next step fails
+        with pytest.raises(openai.InternalServerError) as failed:
+            await s.client.completions.create(**body)
+        assert failed.value.body["type"] == "server_error"
+        monkeypatch.setattr(s.engine.runner, "step", step)
+        assert (await s.client.completions.create(**body)).choices[0].text == good
 
 
 async def test_stop_string_across_token_boundaries_is_cut_and_not_returned(server):
