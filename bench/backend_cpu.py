@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from local_backend.config import EngineConfig  # noqa: E402
 from local_backend.engine.llm_engine import Engine  # noqa: E402
-from local_backend.metrics import Metrics  # noqa: E402
 from local_backend.smollm2 import CHATS, checkpoint  # noqa: E402
 from md_table import markdown_table  # noqa: E402  (this script's folder is on sys.path)
 
@@ -59,7 +58,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     path = checkpoint(ROOT / ".cache" / "smollm2")
-    engine = Engine(EngineConfig(model=str(path), device="cpu", max_model_len=2048), Metrics())
+    engine = Engine(EngineConfig(model=str(path), device="cpu", max_model_len=2048))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.generation_config.eos_token_id = None   # exactly --tokens new tokens, like ignore_eos
     rows = []

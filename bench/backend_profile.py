@@ -28,7 +28,6 @@ from backend_gpu import make_checkpoint  # noqa: E402
 from local_backend.config import EngineConfig  # noqa: E402
 from local_backend.engine.llm_engine import Engine  # noqa: E402
 from local_backend.engine.sequence import Sequence  # noqa: E402
-from local_backend.metrics import Metrics  # noqa: E402
 from local_backend.sampling_params import SamplingParams  # noqa: E402
 
 # The kernels that draw a token (kernels/sampling_triton.py, sampling_candidates.py, sampling_filter.py).
@@ -74,7 +73,7 @@ def main() -> None:
     args = p.parse_args()
     path, shape = make_checkpoint(Path(args.workdir), args.shape, None)
     engine = Engine(EngineConfig(model=str(path), mode=args.mode, max_batch=args.batch, max_model_len=1024,
-                                 kv_blocks=4096), Metrics())
+                                 kv_blocks=4096))
     rng = random.Random(0)
     for i in range(args.batch):
         prompt = [rng.randrange(shape["vocab_size"] - 8) for _ in range(128)]

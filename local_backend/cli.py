@@ -9,6 +9,8 @@ from aiohttp import web
 
 from local_backend.config import EngineConfig
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="detgate backend", description=(
@@ -36,31 +38,31 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> None:
     p = parser()
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # torch is imported only once a backend is actually asked for.
-    import torch
-
-    from local_backend.engine.llm_engine import Engine
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    from local_backend.engine.client import EngineClient
+    from local_backend.engine.engine_process import EngineProcess
     from local_backend.errors import CheckpointError
     from local_backend.metrics import Metrics
     from local_backend.server import make_app
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         config = EngineConfig(
-            model=args.model, device=device, mode=args.mode, max_batch=args.max_batch, kv_blocks=args.kv_blocks,
+            model=args.model, device=args.device, mode=args.mode, max_batch=args.max_batch, kv_blocks=args.kv_blocks,
             block_size=args.block_size, chunk_size=args.chunk_size, max_batched_tokens=args.max_batched_tokens,
             max_model_len=args.max_model_len, cuda_graphs=not args.no_cuda_graphs,
             gpu_memory_fraction=args.gpu_memory_fraction, audit_rate=args.audit_rate)
     except ValueError as e:
         p.error(str(e))
     try:
-        engine = Engine(config, Metrics())
+        engine = EngineClient(EngineProcess(config, LOG_FORMAT), Metrics())
     except CheckpointError as e:   # names the file and the field: no traceback needed
         p.exit(2, f"detgate backend: cannot serve {args.model}: {e}\n")
+    except RuntimeError as e:      # the engine process died loading; its traceback is in the log
+        p.exit(1, f"detgate backend: cannot serve {args.model}: {e}\n")
     name = args.served_model_name or Path(args.model).resolve().name
-    logging.getLogger(__name__).info("serving %s (%s, %s mode, %d KV blocks, fingerprint %s)",
-                                     name, device, args.mode, engine.num_blocks, engine.fingerprint)
+    logging.getLogger(__name__).info("serving %s (%s, %s mode, %d KV blocks, fingerprint %s, engine process %d)",
+                                     name, engine.info.device, args.mode, engine.info.num_blocks,
+                                     engine.info.fingerprint, engine.link.pid)
     # A client that hangs up cancels its handler, which aborts its sequence in the engine:
     # an abandoned request stops taking a batch slot.
     web.run_app(make_app(engine, name), host=args.host, port=args.port, print=None, access_log=None,

@@ -119,7 +119,7 @@ def settings_digest(path: str | Path) -> str:
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     model: str
-    device: str = "cuda"
+    device: str | None = "cuda"   # None: cuda when available, else cpu (decided where torch is)
     mode: str = "invariant"
     max_batch: int = 256           # sequences per engine step
     kv_blocks: int = 0             # 0: size the cache from free device memory

@@ -11,8 +11,8 @@ import time
 import orjson
 from aiohttp import web
 
-from local_backend.engine.llm_engine import Engine, Event
-from local_backend.engine.model_runner import Sample
+from local_backend.engine.client import EngineClient
+from local_backend.engine.messages import Event, Sample
 from local_backend.protocol import APIError
 from local_backend.sampling_params import SamplingParams
 from local_backend.text_stream import TextStream
@@ -24,10 +24,10 @@ def json_response(body: dict, status: int = 200, headers: dict | None = None) ->
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=headers)
 
 
-async def events(engine: Engine, prompt: list[int], params: SamplingParams):
+async def events(engine: EngineClient, prompt: list[int], params: SamplingParams):
     """The engine's events for one request, each with whether more are already queued behind it;
     aborts the sequence if the consumer leaves early."""
-    seq_id, sink = engine.submit(prompt, params)
+    request_id, sink = engine.submit(prompt, params)
     done = False
     try:
         while True:
@@ -40,13 +40,13 @@ async def events(engine: Engine, prompt: list[int], params: SamplingParams):
                 return
     finally:
         if not done:
-            engine.abort(seq_id)
+            engine.abort(request_id)
 
 
 class Generation:
     """One request's progress: its text stream, how many tokens it consumed, why it ended."""
 
-    def __init__(self, engine: Engine, prompt: list[int], stops: list[str]):
+    def __init__(self, engine: EngineClient, prompt: list[int], stops: list[str]):
         tok = engine.tokenizer
         self.token_text = tok.token_text
         self.text = TextStream(tok.decode, stops, context=prompt[-DETOKENIZE_CONTEXT:])
@@ -112,7 +112,7 @@ class Handler:
     object_chunk: str
     id_prefix: str
 
-    def __init__(self, request: web.Request, engine: Engine, model_name: str, req, prompt: list[int],
+    def __init__(self, request: web.Request, engine: EngineClient, model_name: str, req, prompt: list[int],
                  params: SamplingParams):
         self.request, self.engine, self.model_name = request, engine, model_name
         self.req, self.prompt, self.params = req, prompt, params
@@ -129,7 +129,7 @@ class Handler:
         if body is None:
             body = self._envelopes[obj] = {
                 "id": self.id, "object": obj, "created": self.created, "model": self.model_name,
-                "system_fingerprint": self.engine.fingerprint, "seed": self.params.seed}
+                "system_fingerprint": self.engine.info.fingerprint, "seed": self.params.seed}
             if self.params.defaults:   # the sampling parameters the model's generation_config.json supplied
                 body["sampling_defaults"] = dict(self.params.defaults)
         return body
@@ -166,7 +166,7 @@ class Handler:
         want_logprobs = self.params.logprobs is not None
         # Tokens not yet sent: their text is held back (a partial character, a possible stop
         # string), or more tokens are already queued behind them. A handler that has fallen
-        # behind the engine (hundreds of streams share this interpreter with it) then catches
+        # behind the engine (it serves hundreds of streams at once) then catches
         # up with one write for what is queued instead of one per token.
         pending: list[Event] = []
         text = ""

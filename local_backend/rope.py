@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from local_backend.errors import CheckpointError
+
+if TYPE_CHECKING:   # the HTTP side reads the settings; only the engine computes frequencies
+    import torch
 
 # The fields each type needs besides rope_theta ("original_max_position_embeddings" may
 # also come from the config's max_position_embeddings, as transformers reads it).
@@ -36,6 +38,7 @@ class Rope:
 
     def inv_freq(self, head_dim: int) -> torch.Tensor:
         """fp64 [head_dim / 2] angular frequencies."""
+        import torch
         base = 1.0 / (self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
         if self.kind == "linear":
             return base / self.get("factor")
@@ -101,6 +104,7 @@ def parse(raw: dict, where: str) -> Rope:
 
 def _llama3(inv_freq: torch.Tensor, rope: Rope) -> torch.Tensor:
     # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+    import torch
     factor = rope.get("factor")
     low, high = rope.get("low_freq_factor"), rope.get("high_freq_factor")
     old_len = rope.get("original_max_position_embeddings")
@@ -119,6 +123,7 @@ def _yarn(inv_freq: torch.Tensor, rope: Rope, head_dim: int) -> torch.Tensor:
     # YaRN: dimensions that turn fewer than beta_slow times over the pretraining length are
     # interpolated (slowed by `factor`), those turning more than beta_fast times kept, and
     # a linear ramp over the dimension index blends the band between.
+    import torch
     factor, old_len = rope.get("factor"), rope.get("original_max_position_embeddings")
     fast, slow = rope.get("beta_fast") or 32, rope.get("beta_slow") or 1
 

@@ -15,8 +15,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-import kernels
-from local_backend.engine.llm_engine import Engine
+from local_backend.engine.client import EngineClient
 from local_backend.protocol import APIError, ChatRequest, CompletionRequest, parse
 from local_backend.responses import ChatHandler, CompletionHandler, json_response, respond
 from local_backend.sampling_params import SamplingParams
@@ -24,7 +23,7 @@ from local_backend.tokenizer import TemplateError
 
 log = logging.getLogger(__name__)
 
-ENGINE = web.AppKey("engine", Engine)
+ENGINE = web.AppKey("engine", EngineClient)
 MODEL_NAME = web.AppKey("model_name", str)
 MAX_BODY_BYTES = 16 << 20
 BACKEND_HEADER = "x-detgate-backend"   # on every response: this server is detgate's whitebox backend
@@ -69,11 +68,11 @@ def check_model(request: web.Request, model: str) -> None:
                        param="model", code="model_not_found")
 
 
-def sampling_params(req, engine: Engine, prompt_len: int, max_tokens: int | None, logprobs: int | None,
+def sampling_params(req, engine: EngineClient, prompt_len: int, max_tokens: int | None, logprobs: int | None,
                     prompt_logprobs: int | None = None):
     if max_tokens is None:
-        max_tokens = engine.max_model_len - prompt_len
-    problem = engine.capacity_error(prompt_len, max_tokens)
+        max_tokens = engine.info.max_model_len - prompt_len
+    problem = engine.info.capacity_error(prompt_len, max_tokens)
     if problem:
         raise APIError(400, problem, param="messages" if isinstance(req, ChatRequest) else "prompt",
                        code="context_length_exceeded")
@@ -123,20 +122,20 @@ async def completions(request: web.Request):
     return await respond(CompletionHandler(request, engine, request.app[MODEL_NAME], req, prompt, params))
 
 
-def announcement(engine: Engine) -> dict:
+def announcement(engine: EngineClient) -> dict:
     """What this backend tells a gateway about itself, so that it picks the matching profile
     unconfigured: `whitebox` where answers replay bit for bit (invariant mode); the vendor
     kernels of standard mode do not, so there it asks to be treated as any other server."""
     return {"profile": "whitebox" if engine.config.mode == "invariant" else "generic-openai-compatible",
-            "mode": engine.config.mode, "system_fingerprint": engine.fingerprint,
-            "kernel_version": kernels.KERNEL_VERSION}
+            "mode": engine.config.mode, "system_fingerprint": engine.info.fingerprint,
+            "kernel_version": engine.info.kernel_version}
 
 
 async def models(request: web.Request):
     name, engine = request.app[MODEL_NAME], request.app[ENGINE]
     return json_response({"object": "list", "data": [
         {"id": name, "object": "model", "created": 0, "owned_by": "detgate",
-         "system_fingerprint": engine.fingerprint, "detgate": announcement(engine)}]})
+         "system_fingerprint": engine.info.fingerprint, "detgate": announcement(engine)}]})
 
 
 async def name_the_backend(request: web.Request, response: web.StreamResponse) -> None:
@@ -145,11 +144,11 @@ async def name_the_backend(request: web.Request, response: web.StreamResponse) -
 
 async def healthz(request: web.Request):
     engine = request.app[ENGINE]
-    alive = engine.alive
+    alive, info = engine.alive, engine.info
     body = {"status": "ok" if alive else "engine stopped", "model": request.app[MODEL_NAME],
-            "system_fingerprint": engine.fingerprint, "toolchain": engine.toolchain, "mode": engine.config.mode,
-            "dtype": str(engine.dtype).removeprefix("torch."), "checkpoint_dtype": engine.model_config.dtype,
-            "prefix_caching": engine.prefix_caching, "max_batch": engine.max_batch, "last_error": engine.last_error}
+            "system_fingerprint": info.fingerprint, "toolchain": info.toolchain, "mode": engine.config.mode,
+            "dtype": info.dtype, "checkpoint_dtype": engine.model_config.dtype,
+            "prefix_caching": info.prefix_caching, "max_batch": info.max_batch, "last_error": engine.last_error}
     return json_response(body, 200 if alive else 503)
 
 
@@ -158,18 +157,18 @@ async def metrics(request: web.Request):
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def engine_thread(app: web.Application):
+async def engine_running(app: web.Application):
     engine = app[ENGINE]
     engine.start()
     yield
     await asyncio.get_running_loop().run_in_executor(None, engine.stop)
 
 
-def make_app(engine: Engine, model_name: str) -> web.Application:
+def make_app(engine: EngineClient, model_name: str) -> web.Application:
     app = web.Application(middlewares=[errors], client_max_size=MAX_BODY_BYTES)
     app[ENGINE] = engine
     app[MODEL_NAME] = model_name
-    app.cleanup_ctx.append(engine_thread)
+    app.cleanup_ctx.append(engine_running)
     app.on_response_prepare.append(name_the_backend)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)

@@ -1,15 +1,15 @@
-"""The engine loop: one thread that owns the model, the KV cache and the scheduler.
+"""The engine loop: it owns the model, the KV cache and the scheduler.
 
-HTTP handlers never touch the model. They submit token ids and get an asyncio.Queue
-that the loop feeds through call_soon_threadsafe: one Event per sampled token, the last
-one carrying the finish reason (outbox.py: held until the next step is on the GPU).
+It runs on a thread (engine_thread.py) or in a process of its own (engine_process.py); either
+way the HTTP side talks to it only through commands (add a request, abort one, stop) and
+the lots it sends back (outbox.py: each sampled token as an Event, the last one carrying the
+finish reason, and each step's numbers for the metrics).
 With --audit-rate R, a fraction R of finished requests
 is later re-run when the engine is idle, alone and cold, and the tokens compared with
 what was served.
 """
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
 import hashlib
@@ -18,7 +18,6 @@ import logging
 import queue
 import random
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -28,13 +27,13 @@ import kernels
 from kernels.attention_triton import attention_layout_problem
 from local_backend.config import EngineConfig, ModelConfig, settings_digest
 from local_backend.engine.block_manager import BlockManager
-from local_backend.engine.model_runner import ModelRunner, Sample
+from local_backend.engine.messages import EngineInfo, Event, StepStats
+from local_backend.engine.model_runner import ModelRunner
 from local_backend.engine.outbox import Outbox
 from local_backend.engine.scheduler import Scheduler
 from local_backend.engine.sequence import Sequence
 from local_backend.errors import CheckpointError
 from local_backend.loader import load_weights
-from local_backend.metrics import Metrics
 from local_backend.models.llama import Llama
 from local_backend.sampling_params import SamplingParams
 from local_backend.tokenizer import Tokenizer
@@ -43,17 +42,10 @@ log = logging.getLogger(__name__)
 
 ACTIVATION_RESERVE_BYTES = 4 << 30   # prefill activations, logits, CUDA graphs
 # How long a thread may hold the GIL while another waits for it. The engine thread gives it
-# up on every GPU wait; at Python's default 5 ms it then idles the GPU behind the HTTP
-# handlers' token processing for up to that long each step.
+# up on every GPU wait; at Python's default 5 ms, another thread of its process (the HTTP
+# handlers, when the engine is a thread of the server) then idles the GPU for up to that
+# long each step.
 GIL_SWITCH_SECONDS = 0.0002
-
-
-@dataclasses.dataclass(frozen=True)
-class Event:
-    sample: Sample | None = None       # None only when max_tokens is 0 (scoring a prompt)
-    finish_reason: str | None = None   # "stop" | "length" on the last token
-    error: str | None = None           # the step failed; no more events follow
-    prompt_logprobs: list[Sample] | None = None   # on the first event, when asked: prompt tokens 1..
 
 
 @dataclasses.dataclass
@@ -92,10 +84,9 @@ def kv_block_count(config: EngineConfig, cfg: ModelConfig, device: torch.device,
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, metrics: Metrics):
+    def __init__(self, config: EngineConfig):
         self.config = config
-        self.metrics = metrics
-        self.device = torch.device(config.device)
+        self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         gpu = self.device.type == "cuda"
         # Without a GPU the torch reference kernels serve one request at a time. They are
@@ -128,61 +119,31 @@ class Engine:
                                   config.max_batch, config.max_batched_tokens, config.chunk_size, config.cuda_graphs)
         self.blocks = BlockManager(self.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.blocks, self.max_batch, config.max_batched_tokens, config.chunk_size)
-        metrics.kv_blocks_total.set(self.num_blocks)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._sinks: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._seqs: dict[int, Sequence] = {}
+        self._requests: dict[int, Sequence] = {}   # by the HTTP side's request id
+        # The engine's own numbering: a sequence id is never reused (the runner keys cached
+        # block-table rows by it), while request ids restart with each HTTP side.
         self._ids = itertools.count()
         self._audits: collections.deque[_Audit] = collections.deque(maxlen=256)
         self._audit_rng = random.Random()
         self._auditing: dict[int, _Audit] = {}
-        self._thread: threading.Thread | None = None
-        self.last_error: str | None = None
-        self._outbox = Outbox()
+        self.outbox = Outbox()
 
-    # ---- called from the event loop ------------------------------------------------
+    def info(self) -> EngineInfo:
+        return EngineInfo(self.fingerprint, kernels.KERNEL_VERSION, self.toolchain, str(self.device),
+                          str(self.dtype).removeprefix("torch."), self.num_blocks, self.config.block_size,
+                          self.max_model_len, self.max_batch, self.prefix_caching)
 
-    def capacity_error(self, prompt_len: int, max_tokens: int) -> str | None:
-        total = prompt_len + max_tokens
-        if total > self.max_model_len:
-            return (f"prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) is {total} tokens, "
-                    f"more than this model's context of {self.max_model_len}")
-        if self.blocks.blocks_needed(total) > self.num_blocks:
-            return f"{total} tokens do not fit in the KV cache ({self.num_blocks * self.config.block_size} tokens)"
-        return None
-
-    def submit(self, prompt: list[int], params: SamplingParams) -> tuple[int, asyncio.Queue]:
-        seq_id = next(self._ids)
-        sink: asyncio.Queue = asyncio.Queue()
-        # Prompt logprobs need every prompt position computed, none served from the cache.
-        seq = Sequence(seq_id, list(prompt), len(prompt), params,
-                       use_prefix_cache=self.prefix_caching and params.prompt_logprobs is None)
-        self._inbox.put(("add", seq, (asyncio.get_running_loop(), sink)))
-        return seq_id, sink
-
-    def abort(self, seq_id: int) -> None:
-        self._inbox.put(("abort", seq_id, None))
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> None:
-        sys.setswitchinterval(GIL_SWITCH_SECONDS)
-        self._thread = threading.Thread(target=self._loop, name="detgate-engine", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._inbox.put(("stop", None, None))
-            self._thread.join()
-            self._thread = None
+    def command(self, command: tuple) -> None:
+        """("add", request_id, prompt, params) | ("abort", request_id) | ("stop",); safe from any thread."""
+        self._inbox.put(command)
 
     # ---- driven directly, on the calling thread ------------------------------------------
 
     def greedy(self, prompt: list[int], n: int) -> list[int]:
         """The first n greedy tokens after `prompt`, end-of-sequence ignored: the model path
-        alone (scheduler, paged KV cache, runner, sampler), without HTTP or the engine thread,
+        alone (scheduler, paged KV cache, runner, sampler), without HTTP or the engine loop,
         which must not be running. For tests and benchmarks."""
         params = SamplingParams(seed=0, max_tokens=n, temperature=0.0, ignore_eos=True)
         seq = Sequence(next(self._ids), list(prompt), len(prompt), params, use_prefix_cache=False)
@@ -195,21 +156,26 @@ class Engine:
         self.scheduler.remove(seq)
         return seq.token_ids[seq.num_prompt_tokens:]
 
-    # ---- the engine thread -----------------------------------------------------------
+    # ---- the loop --------------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def run(self, deliver) -> None:
+        """Serve commands until ("stop",), sending lots to `deliver`."""
+        sys.setswitchinterval(GIL_SWITCH_SECONDS)
+        for seq in list(self._requests.values()):   # left by an HTTP side before this one: nobody waits
+            self._finish(seq, audit=False)
+        self.outbox.connect(deliver)
         while True:
             block = not self.scheduler.has_work() and not self._audits
             if block:
-                self._outbox.send()
+                self.outbox.send()
             try:
                 while True:
-                    kind, item, sink = self._inbox.get(block=block)
+                    command = self._inbox.get(block=block)
                     block = False
-                    if kind == "stop":
-                        self._outbox.send()
+                    if command[0] == "stop":
+                        self.outbox.send()
                         return
-                    self._command(kind, item, sink)
+                    self._command(command)
             except queue.Empty:
                 pass
             if not self.scheduler.has_work() and self._audits:
@@ -217,14 +183,16 @@ class Engine:
             if self.scheduler.has_work():
                 self._step()
 
-    def _command(self, kind, item, sink) -> None:
-        if kind == "add":
-            self._sinks[item.seq_id] = sink
-            self._seqs[item.seq_id] = item
-            self.scheduler.add(item)
-            self.metrics.prompt_tokens.inc(item.num_prompt_tokens)
-        elif kind == "abort" and item in self._seqs:
-            self._finish(self._seqs[item])
+    def _command(self, command: tuple) -> None:
+        if command[0] == "add":
+            _, request_id, prompt, params = command
+            # Prompt logprobs need every prompt position computed, none served from the cache.
+            seq = Sequence(next(self._ids), list(prompt), len(prompt), params, request_id=request_id,
+                           use_prefix_cache=self.prefix_caching and params.prompt_logprobs is None)
+            self._seqs[seq.seq_id] = self._requests[request_id] = seq
+            self.scheduler.add(seq)
+        elif command[0] == "abort" and command[1] in self._requests:
+            self._finish(self._requests[command[1]])
 
     def _start_audit(self, audit: _Audit) -> None:
         seq_id = next(self._ids)
@@ -240,17 +208,17 @@ class Engine:
         queries, hits = self.blocks.queries, self.blocks.hits
         scheduled = self.scheduler.schedule()
         if not scheduled:
-            self._outbox.send()
+            self.outbox.send()
             return
         try:
-            output = self.runner.step(scheduled, self._outbox.send)
+            output = self.runner.step(scheduled, self.outbox.send)
         except Exception as e:  # a failed step fails its requests, not the server
             log.exception("engine step failed")
-            self.last_error = f"{type(e).__name__}: {e}"
+            self.outbox.lot.error = f"{type(e).__name__}: {e}"
             for seq in list(self._seqs.values()):
-                self._emit(seq.seq_id, Event(error="the inference step failed; see the backend log"))
+                self._emit(seq, Event(error="the inference step failed; see the backend log"))
                 self._finish(seq, audit=False)
-            self._outbox.send()
+            self.outbox.send()
             return
         self.scheduler.after_step(scheduled)
         for seq_id, entries in output.prompt_logprobs.items():
@@ -268,37 +236,29 @@ class Engine:
                     reason = "stop"
                 elif seq.num_generated >= seq.params.max_tokens or len(seq) >= self.max_model_len:
                     reason = "length"
-            self._emit(seq.seq_id, Event(sample, reason, prompt_logprobs=prompt))
+            self._emit(seq, Event(sample, reason, prompt_logprobs=prompt))
             if reason:
                 self._finish(seq)
-        m = self.metrics
-        m.generation_tokens.inc(generated)
-        m.batch_size.observe(len(scheduled))
-        m.kv_blocks_used.set(self.blocks.num_used)
-        m.queue_depth.set(len(self.scheduler.waiting))
-        m.prefix_queries.inc(self.blocks.queries - queries)
-        m.prefix_hits.inc(self.blocks.hits - hits)
-        m.step_duration.observe(time.perf_counter() - start)
-        for phase, seconds in output.gpu_seconds.items():
-            m.step_gpu_phase[phase].inc(seconds)
+        self.outbox.lot.steps.append(StepStats(
+            len(scheduled), generated, time.perf_counter() - start, self.blocks.num_used, len(self.scheduler.waiting),
+            self.blocks.queries - queries, self.blocks.hits - hits, output.gpu_seconds))
 
-    def _emit(self, seq_id: int, event: Event) -> None:
-        """Hold an event for its request's sink, in order; the outbox sends it."""
-        sink = self._sinks.get(seq_id)
-        if sink is not None:
-            self._outbox.put(sink[0], sink[1], event)
+    def _emit(self, seq: Sequence, event: Event) -> None:
+        """Hold an event for its request, in order; the outbox sends it."""
+        if seq.request_id is not None:
+            self.outbox.lot.events.append((seq.request_id, event))
 
     def _finish(self, seq: Sequence, audit: bool = True) -> None:
         self.scheduler.remove(seq)
         self._seqs.pop(seq.seq_id, None)
-        self._sinks.pop(seq.seq_id, None)
+        self._requests.pop(seq.request_id, None)
         if seq.seq_id in self._auditing:
             served = self._auditing.pop(seq.seq_id).served
             if audit:
                 result = "match" if seq.token_ids[seq.num_prompt_tokens:] == served else "mismatch"
                 if result == "mismatch":
                     log.error("determinism audit mismatch (seed %d)", seq.params.seed)
-                self.metrics.audit.labels(result=result).inc()
+                self.outbox.lot.audits.append(result)
         elif audit and seq.num_generated and self._audit_rng.random() < self.config.audit_rate:
             self._audits.append(_Audit(seq.token_ids[:seq.num_prompt_tokens], seq.params,
                                        seq.token_ids[seq.num_prompt_tokens:]))

@@ -35,6 +35,7 @@ import torch
 
 import kernels
 from kernels.sampling import row_filters
+from local_backend.engine.messages import Sample
 from local_backend.engine.scheduler import Scheduled
 from local_backend.engine.step_inputs import StepInputs
 from local_backend.models.llama import AttentionBatch, Llama
@@ -42,14 +43,6 @@ from local_backend.models.llama import AttentionBatch, Llama
 log = logging.getLogger(__name__)
 
 TOP_LOGPROBS = 20   # the most top_logprobs a request may ask for (protocol.py)
-
-
-@dataclasses.dataclass(frozen=True)
-class Sample:
-    token: int
-    logprob: float | None = None
-    top: tuple[tuple[int, float], ...] = ()   # (token id, logprob), best first
-    rank: int | None = None                   # 1 + the tokens likelier than this one (prompt logprobs)
 
 
 @dataclasses.dataclass

@@ -19,6 +19,7 @@ class Sequence:
     token_ids: list[int]           # prompt, then every generated token
     num_prompt_tokens: int
     params: SamplingParams
+    request_id: int | None = None  # the HTTP side's number for it; None for the engine's own (audits)
     use_prefix_cache: bool = True  # False for audit re-runs, which must start cold
     alone: bool = False            # True for audit re-runs: scheduled in a batch of one
     status: Status = Status.WAITING

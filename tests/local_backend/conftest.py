@@ -17,6 +17,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from fakes.loopback import free_port
 from local_backend.config import EngineConfig
+from local_backend.engine.client import EngineClient
+from local_backend.engine.engine_process import EngineProcess
+from local_backend.engine.engine_thread import EngineThread
 from local_backend.engine.llm_engine import Engine
 from local_backend.metrics import Metrics
 from local_backend.random_checkpoint import CHATML, write_checkpoint
@@ -87,7 +90,7 @@ def checkpoints(tmp_path_factory) -> dict:
 
 def make_engine(path, **overrides) -> Engine:
     config = EngineConfig(model=str(path), device="cpu", max_model_len=256, **overrides)
-    return Engine(config, Metrics())
+    return Engine(config)
 
 
 @pytest.fixture(scope="session")
@@ -104,11 +107,15 @@ async def metric(url: str, name: str) -> float:
 
 
 class Server:
-    def __init__(self, engine: Engine, name: str):
+    """A server over an engine on a thread of this process, which tests reach into, or over an
+    EngineProcess, as the CLI runs it."""
+
+    def __init__(self, engine: Engine | EngineProcess, name: str):
         self.engine, self.name = engine, name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.runner = web.AppRunner(make_app(engine, name), handler_cancellation=True)   # as the CLI runs it
+        client = EngineClient(EngineThread(engine) if isinstance(engine, Engine) else engine, Metrics())
+        self.runner = web.AppRunner(make_app(client, name), handler_cancellation=True)   # as the CLI runs it
 
     async def __aenter__(self):
         await self.runner.setup()

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -54,13 +56,33 @@ def test_fingerprint_changes_with_every_input():
     assert len({fingerprint(*args), *others}) == 8 and fingerprint(*args) == fingerprint(*args)
 
 
-def test_command_line_serves_a_checkpoint(checkpoints):
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def wait_until(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_command_line_serves_a_checkpoint_and_stops_cleanly(checkpoints, stop):
+    """Served by its engine process; SIGTERM to the server, or Ctrl-C to the terminal's whole
+    process group, engine included, ends both without a traceback."""
     port = free_port()
     code = "import sys; from local_backend.cli import main; main(sys.argv[1:])"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "--model", str(checkpoints["qwen3"]), "--port", str(port),
          "--device", "cpu", "--served-model-name", "tiny", "--max-model-len", "128"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         deadline = time.monotonic() + 60
@@ -74,9 +96,15 @@ def test_command_line_serves_a_checkpoint(checkpoints):
         assert [m.id for m in models.data] == ["tiny"]
         r = client.completions.create(model="tiny", prompt="hello", max_tokens=4, temperature=0)
         assert r.usage.completion_tokens <= 4 and r.system_fingerprint.startswith("fp_")
+        os.killpg(proc.pid, stop) if stop == signal.SIGINT else proc.send_signal(stop)
+        assert proc.wait(timeout=30) == 0
+        output = proc.stdout.read().decode()
+        assert "Traceback" not in output and "engine process" in output, output
+        assert wait_until(lambda: not group_alive(proc.pid), 10), "the engine process outlived the server"
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 def test_command_line_rejects_a_bad_chunk_size(checkpoints):

@@ -1,5 +1,5 @@
-"""The engine's hand-off to the event loop: everything arrives, in order, and the engine runs at
-most one lot ahead of a loop that does not read."""
+"""The engine's hand-off to the HTTP side: everything arrives, in order, and the engine runs at
+most one lot ahead of a receiver that does not read."""
 from __future__ import annotations
 
 import asyncio
@@ -9,11 +9,15 @@ from local_backend.engine.outbox import Outbox
 
 
 async def test_a_lot_waits_until_the_last_was_read_or_the_stall_limit():
-    loop, queue, outbox = asyncio.get_running_loop(), asyncio.Queue(), Outbox(stall_seconds=0.3)
+    loop, received, outbox = asyncio.get_running_loop(), [], Outbox(stall_seconds=0.3)
 
-    def send(lot) -> float:
-        for event in lot:
-            outbox.put(loop, queue, event)
+    def deliver(lot):   # as EngineThread hands a lot to the loop, which answers once it has run
+        loop.call_soon_threadsafe(lambda: (received.extend(e for _, e in lot.events), outbox.was_read()))
+
+    outbox.connect(deliver)
+
+    def send(events) -> float:
+        outbox.lot.events.extend((0, e) for e in events)
         start = time.perf_counter()
         outbox.send()
         return time.perf_counter() - start
@@ -26,4 +30,14 @@ async def test_a_lot_waits_until_the_last_was_read_or_the_stall_limit():
     assert first < 0.1 and 0.25 < second < 0.45
     # Once the loop runs, it reads them in order, and the next lot goes at once.
     assert await asyncio.to_thread(send, [4]) < 0.1
-    assert [await queue.get() for _ in range(4)] == [1, 2, 3, 4]
+    await asyncio.sleep(0.05)
+    assert received == [1, 2, 3, 4]
+
+
+def test_an_engine_driven_directly_drops_its_lots():
+    outbox = Outbox(stall_seconds=5)
+    for _ in range(3):
+        outbox.lot.events.append((0, "event"))
+        start = time.perf_counter()
+        outbox.send()
+        assert time.perf_counter() - start < 0.1 and not outbox.lot

@@ -15,7 +15,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from conftest import ROOT, Server
 from local_backend.config import EngineConfig
 from local_backend.engine.llm_engine import Engine
-from local_backend.metrics import Metrics
 from local_backend.smollm2 import CHATS, checkpoint
 
 MAX_TOKENS = 40
@@ -28,7 +27,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def engine(smollm2):
-    return Engine(EngineConfig(model=str(smollm2), device="cpu", max_model_len=2048), Metrics())
+    return Engine(EngineConfig(model=str(smollm2), device="cpu", max_model_len=2048))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,92 @@
+"""The engine as the HTTP side sees it: what it serves, the tokenizer, the metrics, and one
+queue of events per request, fed by the engine's lots.
+
+The engine itself sits behind a link: a thread of this process (engine_thread.py: tests,
+which reach into it, and benchmarks that drive it) or a process of its own
+(engine_process.py: the server), where its loop shares no interpreter with the handlers.
+A link has `config`, `info` and `alive`, and start(loop, deliver, died), send(command),
+was_read() and stop().
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from local_backend.config import EngineConfig, ModelConfig
+from local_backend.engine.messages import Event, Lot
+from local_backend.metrics import Metrics
+from local_backend.protocol import APIError
+from local_backend.sampling_params import SamplingParams
+from local_backend.tokenizer import Tokenizer
+
+
+class EngineClient:
+    def __init__(self, link, metrics: Metrics):
+        self.link, self.metrics = link, metrics
+        self.config: EngineConfig = link.config
+        self.info = link.info
+        self.model_config = ModelConfig.from_dir(self.config.model)
+        self.tokenizer = Tokenizer(self.config.model)
+        self.last_error: str | None = None
+        self._sinks: dict[int, asyncio.Queue] = {}
+        self._ids = itertools.count()
+        self._running = False
+        metrics.kv_blocks_total.set(self.info.num_blocks)
+
+    @property
+    def alive(self) -> bool:
+        return self._running and self.link.alive
+
+    def start(self) -> None:
+        """Called on the event loop that will run the handlers."""
+        self._running = True
+        self.link.start(asyncio.get_running_loop(), self._deliver, self._died)
+
+    def stop(self) -> None:
+        self._running = False
+        self.link.stop()
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> tuple[int, asyncio.Queue]:
+        if not self.alive:
+            raise APIError(503, "the engine is not running; see the backend log", type="server_error")
+        request_id, sink = next(self._ids), asyncio.Queue()
+        self._sinks[request_id] = sink
+        self.metrics.prompt_tokens.inc(len(prompt))
+        self.link.send(("add", request_id, prompt, params))
+        return request_id, sink
+
+    def abort(self, request_id: int) -> None:
+        if self._sinks.pop(request_id, None) is not None and self.alive:
+            self.link.send(("abort", request_id))
+
+    def _deliver(self, lot: Lot) -> None:
+        for request_id, event in lot.events:
+            sink = self._sinks.get(request_id)
+            if sink is not None:
+                sink.put_nowait(event)
+                if event.finish_reason or event.error:
+                    del self._sinks[request_id]
+        m = self.metrics
+        for step in lot.steps:
+            m.generation_tokens.inc(step.generated)
+            m.batch_size.observe(step.sequences)
+            m.kv_blocks_used.set(step.kv_blocks_used)
+            m.queue_depth.set(step.queue_depth)
+            m.prefix_queries.inc(step.prefix_queries)
+            m.prefix_hits.inc(step.prefix_hits)
+            m.step_duration.observe(step.seconds)
+            for phase, seconds in step.gpu_seconds.items():
+                m.step_gpu_phase[phase].inc(seconds)
+        for result in lot.audits:
+            m.audit.labels(result=result).inc()
+        self.last_error = lot.error or self.last_error
+        # Behind the handlers these puts woke, each of which runs until it waits for its next event.
+        asyncio.get_running_loop().call_soon(self.link.was_read)
+
+    def _died(self, reason: str) -> None:
+        """The engine is gone: every request still waiting ends with a server error, not a hang."""
+        self._running = False
+        self.last_error = reason
+        for sink in self._sinks.values():
+            sink.put_nowait(Event(error=f"{reason}; see the backend log"))
+        self._sinks.clear()

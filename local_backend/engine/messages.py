@@ -1,0 +1,73 @@
+"""What the engine and the HTTP side tell each other, as plain data (no torch): the HTTP side
+may be another process, which gets these pickled through a pipe (engine_process.py).
+
+To the engine, commands: ("add", request_id, prompt, params) | ("abort", request_id) | ("stop",),
+and ("read",) over a pipe (outbox.py). From it, once: EngineInfo; then one Lot per step.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    token: int
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()   # (token id, logprob), best first
+    rank: int | None = None                   # 1 + the tokens likelier than this one (prompt logprobs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    sample: Sample | None = None       # None only when max_tokens is 0 (scoring a prompt)
+    finish_reason: str | None = None   # "stop" | "length" on the last token
+    error: str | None = None           # the step failed; no more events follow
+    prompt_logprobs: list[Sample] | None = None   # on the first event, when asked: prompt tokens 1..
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStats:
+    sequences: int
+    generated: int
+    seconds: float
+    kv_blocks_used: int
+    queue_depth: int
+    prefix_queries: int   # full prompt blocks looked up in the prefix cache during the step
+    prefix_hits: int
+    gpu_seconds: dict     # phase ("forward", "sampler") -> seconds; empty without a GPU
+
+
+@dataclasses.dataclass
+class Lot:
+    """A step's output: the events, and what the HTTP side's metrics need (the engine keeps none)."""
+    events: list = dataclasses.field(default_factory=list)   # (request_id, Event), in order
+    steps: list[StepStats] = dataclasses.field(default_factory=list)
+    audits: list[str] = dataclasses.field(default_factory=list)   # "match" | "mismatch"
+    error: str | None = None   # why a step failed, when one did
+
+    def __bool__(self) -> bool:
+        return bool(self.events or self.steps or self.audits or self.error)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineInfo:
+    """What the HTTP side needs to know of a loaded engine."""
+    fingerprint: str
+    kernel_version: str
+    toolchain: str
+    device: str
+    dtype: str
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    max_batch: int
+    prefix_caching: bool
+
+    def capacity_error(self, prompt_len: int, max_tokens: int) -> str | None:
+        total = prompt_len + max_tokens
+        if total > self.max_model_len:
+            return (f"prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) is {total} tokens, "
+                    f"more than this model's context of {self.max_model_len}")
+        if -(-total // self.block_size) > self.num_blocks:
+            return f"{total} tokens do not fit in the KV cache ({self.num_blocks * self.block_size} tokens)"
+        return None
