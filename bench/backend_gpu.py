@@ -174,11 +174,12 @@ def tables(results: list[dict], bandwidth: float) -> str:
     lines = [f"Copy bandwidth (read + write): {bandwidth / 1e9:.0f} GB/s.", "",
              "## Where a decode step's time goes (per engine step, us; 128-token prompts, 128 new tokens)", "",
              "floor: the weights and the mean step's KV over the copy bandwidth. host in step: the step's wall "
-             "time less its GPU time (scheduling, block tables, staging, launches); outside: the engine loop "
+             "time less its GPU time (scheduling, block tables, staging, launches, and the hand-off: waiting for "
+             "the HTTP side to read the previous step's tokens, shown apart); outside: the engine loop "
              "between steps (waiting for the GIL or for requests). Prefill steps are in the averages.", "",
              "| model | mode | concurrent | tok/s | floor tok/s | of floor | step wall | GPU forward | GPU sampler "
-             "| sampler share of GPU | host in step | host outside | TTFT p50 / p99 ms | ITL p50 / p99 ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| sampler share of GPU | host in step | of which hand-off | host outside | TTFT p50 / p99 ms | ITL p50 / p99 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for mode in MODES:
             for row in r.get(mode, {}).get("latency", {}).get("levels", []):
@@ -187,7 +188,7 @@ def tables(results: list[dict], bandwidth: float) -> str:
                 share = f"{st['gpu_sampler_us'] / gpu:.1%}" if gpu else "-"
                 lines.append(f"| {r['shape']} | {mode} | {row['concurrency']} | {row['tok_per_s']} | {fl['tok_per_s']} "
                              f"| {row['decode_of_floor']} | {st['wall_us']} | {st['gpu_forward_us']} | "
-                             f"{st['gpu_sampler_us']} | {share} | {st['host_in_step_us']} | {st['host_outside_step_us']} "
+                             f"{st['gpu_sampler_us']} | {share} | {st['host_in_step_us']} | {st.get('handoff_wait_us', '-')} | {st['host_outside_step_us']} "
                              f"| {_ms(row['ttft_ms'])} | {_ms(row['itl_ms'])} |")
     lines += ["", "| model | long prompt | TTFT invariant ms | TTFT standard ms | invariant / standard |", "|---|---|---|---|---|"]
     for r in results:

@@ -31,7 +31,8 @@ def engine_counters(url: str) -> dict[str, float]:
     return {"steps": values.get("detgate_backend_batch_size_count", 0.0),
             "step_wall": values.get("detgate_backend_step_duration_seconds_sum", 0.0),
             "gpu_forward": values.get('detgate_backend_step_gpu_seconds_total{phase="forward"}', 0.0),
-            "gpu_sampler": values.get('detgate_backend_step_gpu_seconds_total{phase="sampler"}', 0.0)}
+            "gpu_sampler": values.get('detgate_backend_step_gpu_seconds_total{phase="sampler"}', 0.0),
+            "handoff_wait": values.get("detgate_backend_step_handoff_wait_seconds_total", 0.0)}
 
 
 def breakdown(before: dict, after: dict, wall: float) -> dict:
@@ -42,6 +43,7 @@ def breakdown(before: dict, after: dict, wall: float) -> dict:
     return {"steps": int(d["steps"]), "wall_us": round(wall * us, 1), "gpu_forward_us": round(d["gpu_forward"] * us, 1),
             "gpu_sampler_us": round(d["gpu_sampler"] * us, 1),
             "host_in_step_us": round((d["step_wall"] - d["gpu_forward"] - d["gpu_sampler"]) * us, 1),
+            "handoff_wait_us": round(d["handoff_wait"] * us, 1),
             "host_outside_step_us": round((wall - d["step_wall"]) * us, 1)}
 
 

@@ -32,5 +32,8 @@ class Metrics:
                                 ["phase"], registry=r)
         # Exported from the start (without a GPU they stay 0), and looked up once, not every step.
         self.step_gpu_phase = {phase: self.step_gpu.labels(phase=phase) for phase in ("forward", "sampler")}
+        self.step_handoff_wait = Counter(
+            "detgate_backend_step_handoff_wait_seconds",
+            "Time engine steps waited for the HTTP side to read the previous step's tokens", registry=r)
         self.audit = Counter("detgate_backend_audit", "Determinism audits: a served request re-run alone and cold",
                              ["result"], registry=r)

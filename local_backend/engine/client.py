@@ -77,6 +77,7 @@ class EngineClient:
             m.step_duration.observe(step.seconds)
             for phase, seconds in step.gpu_seconds.items():
                 m.step_gpu_phase[phase].inc(seconds)
+            m.step_handoff_wait.inc(step.handoff_wait)
         for result in lot.audits:
             m.audit.labels(result=result).inc()
         self.last_error = lot.error or self.last_error

@@ -205,7 +205,7 @@ class Engine:
 
     def _step(self) -> None:
         start = time.perf_counter()
-        queries, hits = self.blocks.queries, self.blocks.hits
+        queries, hits, waited = self.blocks.queries, self.blocks.hits, self.outbox.waited
         scheduled = self.scheduler.schedule()
         if not scheduled:
             self.outbox.send()
@@ -241,7 +241,7 @@ class Engine:
                 self._finish(seq)
         self.outbox.lot.steps.append(StepStats(
             len(scheduled), generated, time.perf_counter() - start, self.blocks.num_used, len(self.scheduler.waiting),
-            self.blocks.queries - queries, self.blocks.hits - hits, output.gpu_seconds))
+            self.blocks.queries - queries, self.blocks.hits - hits, output.gpu_seconds, self.outbox.waited - waited))
 
     def _emit(self, seq: Sequence, event: Event) -> None:
         """Hold an event for its request, in order; the outbox sends it."""

@@ -35,6 +35,7 @@ class StepStats:
     prefix_queries: int   # full prompt blocks looked up in the prefix cache during the step
     prefix_hits: int
     gpu_seconds: dict     # phase ("forward", "sampler") -> seconds; empty without a GPU
+    handoff_wait: float   # of `seconds`, waiting for the HTTP side to read the last lot (outbox.py)
 
 
 @dataclasses.dataclass

@@ -15,6 +15,7 @@ The receiver is the server's event loop when the engine is one of its threads
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from local_backend.engine.messages import Lot
@@ -29,6 +30,7 @@ class Outbox:
         self._unread = 0   # lots sent that the receiver has not read yet
         self._read = threading.Condition()
         self._stall_seconds = stall_seconds
+        self.waited = 0.0   # seconds spent waiting for the receiver, in all
 
     def connect(self, deliver: Callable[[Lot], None]) -> None:
         """Lots go to `deliver` from now on; until then (an engine driven directly) they are dropped."""
@@ -41,7 +43,9 @@ class Outbox:
         if not lot or self._deliver is None:
             return
         with self._read:
+            start = time.perf_counter()
             self._read.wait_for(lambda: self._unread == 0, timeout=self._stall_seconds)
+            self.waited += time.perf_counter() - start
             self._unread += 1
         self._deliver(lot)
 

@@ -61,6 +61,7 @@ BACKEND = {
     "detgate_backend_prefix_cache_hits_total": Metric("counter"),
     "detgate_backend_step_duration_seconds": Metric("histogram"),
     "detgate_backend_step_gpu_seconds_total": Metric("counter", ("phase",)),
+    "detgate_backend_step_handoff_wait_seconds_total": Metric("counter"),
     "detgate_backend_audit_total": Metric("counter", ("result",)),
 }
 

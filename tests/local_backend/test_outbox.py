@@ -28,6 +28,7 @@ async def test_a_lot_waits_until_the_last_was_read_or_the_stall_limit():
     time.sleep(0.5)
     first, second = await worker
     assert first < 0.1 and 0.25 < second < 0.45
+    assert 0.25 < outbox.waited < 0.45   # what the step's numbers report as its hand-off wait
     # Once the loop runs, it reads them in order, and the next lot goes at once.
     assert await asyncio.to_thread(send, [4]) < 0.1
     await asyncio.sleep(0.05)

@@ -254,7 +254,7 @@ async def test_metrics_and_health(qwen3):
                  "detgate_backend_generation_tokens_total", "detgate_backend_batch_size_bucket",
                  "detgate_backend_kv_blocks_used", "detgate_backend_kv_blocks_total", "detgate_backend_queue_depth",
                  "detgate_backend_prefix_cache_queries_total", "detgate_backend_prefix_cache_hits_total",
-                 "detgate_backend_step_duration_seconds_bucket"):
+                 "detgate_backend_step_duration_seconds_bucket", "detgate_backend_step_handoff_wait_seconds_total"):
         assert name in text, name
 
 
