@@ -149,6 +149,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--port", type=int, default=8791)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--streamed", choices=["no", "yes", "both"], default="both")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = p.parse_args()
     from local_backend.random_checkpoint import numbered_tokenizer, write_checkpoint
@@ -161,7 +162,7 @@ def main() -> None:
     ready.wait(60)
     url = f"http://127.0.0.1:{args.port}"
     rows = []
-    for stream in (False, True):
+    for stream in {"no": (False,), "yes": (True,), "both": (False, True)}[args.streamed]:
         for c in args.concurrency:
             seconds = min(asyncio.run(wave(url, c, args.tokens, stream)) for _ in range(args.repeats))
             rows.append({"streamed": stream, "concurrent": c, "tok_per_s": round(c * args.tokens / seconds),

@@ -18,26 +18,30 @@ from local_backend.sampling_params import SamplingParams
 from local_backend.text_stream import TextStream
 
 DETOKENIZE_CONTEXT = 6   # prompt tokens decoded ahead of the first generated one
+# Tokens a request answered in one body reads at a time. A stop string is then seen up to
+# this many tokens late: the body is the same, and the sequence runs at most that much longer.
+BODY_BATCH = 16
 
 
 def json_response(body: dict, status: int = 200, headers: dict | None = None) -> web.Response:
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=headers)
 
 
-async def events(engine: EngineClient, prompt: list[int], params: SamplingParams):
-    """The engine's events for one request, each with whether more are already queued behind it;
-    aborts the sequence if the consumer leaves early."""
-    request_id, sink = engine.submit(prompt, params)
+async def events(engine: EngineClient, prompt: list[int], params: SamplingParams, batch: int = 1):
+    """The engine's events for one request, each with whether more arrived with it, read `batch`
+    at a time (or fewer, with the last); aborts the sequence if the consumer leaves early."""
+    request_id, mailbox = engine.submit(prompt, params, batch)
     done = False
     try:
         while True:
-            event: Event = await sink.get()
-            if event.error:
-                raise APIError(500, event.error, type="server_error")
-            yield event, not sink.empty()
-            if event.finish_reason:
-                done = True
-                return
+            arrived = await mailbox.take()
+            for i, event in enumerate(arrived, 1):
+                if event.error:
+                    raise APIError(500, event.error, type="server_error")
+                yield event, i < len(arrived)
+                if event.finish_reason:
+                    done = True
+                    return
     finally:
         if not done:
             engine.abort(request_id)
@@ -143,7 +147,7 @@ class Handler:
 
     async def full(self) -> web.Response:
         text, logprob_events = [], []
-        async with contextlib.aclosing(events(self.engine, self.prompt, self.params)) as stream:
+        async with contextlib.aclosing(events(self.engine, self.prompt, self.params, BODY_BATCH)) as stream:
             async for event, _ in stream:
                 self.prompt_entries = event.prompt_logprobs or self.prompt_entries
                 text.append(self.gen.advance(event))

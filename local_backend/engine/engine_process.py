@@ -31,7 +31,7 @@ class EngineProcess:
         self._process.start()
         child.close()
         self._stopping = False
-        self._reader: threading.Thread | None = None
+        self._loop = None
         try:
             kind, payload = self._conn.recv()
         except EOFError:
@@ -51,38 +51,48 @@ class EngineProcess:
         return self._process.is_alive()
 
     def start(self, loop, deliver, died) -> None:
+        """Lots are read on the event loop as they arrive: no thread of this process waits for the
+        GIL to hand them over while the handlers hold it."""
         def read():
-            while True:
-                try:
-                    lot = self._conn.recv()
-                except (EOFError, OSError):
-                    if not self._stopping:
-                        loop.call_soon_threadsafe(died, "the engine process exited")
-                    return
-                loop.call_soon_threadsafe(deliver, lot)
+            try:
+                lot = self._conn.recv()
+            except (EOFError, OSError):
+                loop.remove_reader(self._conn.fileno())
+                if not self._stopping:
+                    died("the engine process exited")
+                return
+            deliver(lot)
 
-        self._reader = threading.Thread(target=read, name="detgate-engine-reader", daemon=True)
-        self._reader.start()
+        self._loop = loop
+        loop.add_reader(self._conn.fileno(), read)
 
     def send(self, command: tuple) -> None:
         try:
             self._conn.send(command)
-        except OSError:   # the process is gone: the reader saw it, and the waiting requests have failed
+        except OSError:   # the process is gone: the loop saw its pipe close, and failed the waiting requests
             pass
 
     def was_read(self) -> None:
         self.send(("read",))
 
     def stop(self) -> None:
+        if self._stopping:
+            return
         self._stopping = True
         self.send(("stop",))
         self._process.join(STOP_SECONDS)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
-        if self._reader is not None:
-            self._reader.join()   # the process's end of the pipe closed with it
-        self._conn.close()
+        if self._loop is None:
+            self._conn.close()
+        else:   # the loop watches the pipe: it alone may close it
+            self._loop.call_soon_threadsafe(self._close)
+
+    def _close(self) -> None:
+        if not self._conn.closed:
+            self._loop.remove_reader(self._conn.fileno())
+            self._conn.close()
 
 
 def serve(config: EngineConfig, conn, log_level: int, log_format: str) -> None:

@@ -142,17 +142,21 @@ async def test_stop_string_across_token_boundaries_is_cut_and_not_returned(serve
     p = next(i for i in range(3, len(text) - 3)
              if "\ufffd" not in text[i:i + 3] and text.index(text[i:i + 3]) == i)
     stop = text[p:p + 3]
+    used = set()
     for stream in (False, True):
         r = await server.client.completions.create(
             model=server.name, prompt="Deterministic answers", max_tokens=40, temperature=0, stop=[stop, "\x00never"],
-            stream=stream, extra_body={"ignore_eos": True})
+            stream=stream, stream_options={"include_usage": True} if stream else None, extra_body={"ignore_eos": True})
         if stream:
             chunks = [c async for c in r]
-            got, reason = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+            got, reason = "".join(c.choices[0].text for c in chunks if c.choices), chunks[-2].choices[0].finish_reason
+            used.add(chunks[-1].usage.completion_tokens)
         else:
             got, reason = r.choices[0].text, r.choices[0].finish_reason
+            used.add(r.usage.completion_tokens)   # the tokens up to the stop, though read 16 at a time
         assert got == text[:text.index(stop)]
         assert reason == "stop"
+    assert len(used) == 1 and used.pop() < 40
 
 
 async def test_logprobs_are_consistent(qwen3):
