@@ -1,6 +1,7 @@
 """Turn one request's engine events into an OpenAI response: a JSON body, or server-sent
-events whose chunking is a function of the tokens alone (one chunk per token that
-released text), so a stream and its non-streaming twin carry the same text and logprobs."""
+events (a chunk per token that released text, or one for all a stream that fell behind has
+queued). Both concatenate the same text and logprobs, a function of the tokens alone, so a
+stream and its non-streaming twin carry the same answer."""
 from __future__ import annotations
 
 import contextlib

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP face of the engine (aiohttp): routes, validation, errors.
 
 Handlers validate, tokenize and fix the sampling parameters, then hand the request to
-responses.py, which submits it to the engine thread. A request without a seed is given
+responses.py, which submits it to the engine (engine/client.py). A request without a seed is given
 one here; every response names it (the `seed` field and the x-detgate-seed header), so
 any answer can be replayed.
 """
