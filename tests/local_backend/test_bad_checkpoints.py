@@ -5,6 +5,7 @@ import json
 import shutil
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import SPECIALS, bpe_tokenizer, make_engine, tiny_shape
@@ -104,6 +105,18 @@ def test_command_line_prints_the_reason_and_exits(copy, capsys):
         main(["--model", str(path), "--device", "cpu"])
     assert e.value.code == 2
     assert "config.json: rope_parameters.rope_type 'su' is not implemented" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where CUDA fails to start")
+def test_an_engine_that_dies_loading_ends_the_command_with_its_exit_code(tmp_path, capsys):
+    """Not the checkpoint's fault (here: CUDA asked for where there is none): the engine
+    process dies with its traceback in the log, and the server says so and exits 1."""
+    tok = bpe_tokenizer(SPECIALS["qwen3"], None)
+    path = write_checkpoint(tmp_path / "m", {**tiny_shape("qwen3", 384), "head_dim": 64}, tok, eos="<|im_end|>")
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(path), "--device", "cuda"])
+    assert e.value.code == 1
+    assert "the engine process exited with code 1 while loading" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim, problem", [
