@@ -7,9 +7,10 @@ Runs on the CPU. A tiny random checkpoint gives the runner its buffers; `--batch
 of 128 prompt tokens are admitted and prefilled on paper (no forward), then each decode step
 does what the engine does around the GPU's work: the scheduler's pick and block growth,
 staging the inputs (`ModelRunner._stage`), the scheduler's bookkeeping after the step (block
-hashes where a block fills), and turning the sampled ids into Samples appended to their
-sequences. Not counted: the engine's per-token events (finish checks, Event objects, the
-outbox), the graph launches and the GPU waits. Medians and means of --steps steps, us.
+hashes where a block fills), turning the sampled ids into Samples appended to their
+sequences, and the step's lot: an Event per sequence, pickled as the engine process's pipe
+pickles it. Not counted: the finish checks, the outbox's wait for the HTTP side, the graph
+launches and the GPU waits. Medians and means of --steps steps, us.
 Writes backend_host_step.{json,md}.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import torch
@@ -30,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from local_backend.config import ModelConfig  # noqa: E402
 from local_backend.engine.block_manager import BlockManager  # noqa: E402
+from local_backend.engine.messages import Event, Lot  # noqa: E402
 from local_backend.engine.model_runner import ModelRunner  # noqa: E402
 from local_backend.engine.scheduler import Scheduler  # noqa: E402
 from local_backend.engine.sequence import Sequence  # noqa: E402
@@ -41,7 +44,7 @@ from md_table import markdown_table  # noqa: E402  (this script's folder is on s
 
 TINY = dict(arch="qwen3", vocab_size=1024, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2,
             num_kv_heads=1, head_dim=32, tie=True, rope_theta=1e6)
-PHASES = ("schedule", "stage", "after_step", "samples")
+PHASES = ("schedule", "stage", "after_step", "samples", "lot")
 
 
 def runner_and_scheduler(path: Path, batch: int) -> tuple[ModelRunner, Scheduler]:
@@ -79,10 +82,14 @@ def main() -> None:
         t2 = time.perf_counter()
         scheduler.after_step(scheduled)
         t3 = time.perf_counter()
-        for seq, sample in zip(staged.sampled, runner._samples(staged, [tokens[:len(staged.sampled)]])):
+        samples = runner._samples(staged, [tokens[:len(staged.sampled)]])
+        for seq, sample in zip(staged.sampled, samples):
             seq.token_ids.append(sample.token)
         t4 = time.perf_counter()
-        for phase, a, b in zip(PHASES, (t0, t1, t2, t3), (t1, t2, t3, t4)):
+        lot = Lot([(seq.seq_id, Event(sample)) for seq, sample in zip(staged.sampled, samples)])
+        ForkingPickler.dumps(lot)   # as the engine process's pipe pickles it
+        t5 = time.perf_counter()
+        for phase, a, b in zip(PHASES, (t0, t1, t2, t3, t4), (t1, t2, t3, t4, t5)):
             us[phase].append((b - a) * 1e6)
     rows = [{"phase": phase, "median_us": round(statistics.median(v), 1), "mean_us": round(statistics.fmean(v), 1)}
             for phase, v in us.items()]
@@ -92,6 +99,7 @@ def main() -> None:
     env = {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
            "torch": torch.__version__, "batch": args.batch, "steps": args.steps}
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "backend_host_step.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     (out / "backend_host_step.md").write_text(
         f"# The engine's host work in a decode step, {args.batch} sequences, no model, no HTTP\n\n"

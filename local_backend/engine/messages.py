@@ -7,18 +7,20 @@ and ("read",) over a pipe (outbox.py). From it, once: EngineInfo; then one Lot p
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 
-@dataclasses.dataclass(frozen=True)
-class Sample:
+# A lot holds one Sample and one Event per sequence of the step: at 256 sequences, building
+# and pickling them as frozen dataclasses took the engine more host time than scheduling and
+# staging together (bench/results/backend_host_step.md); tuples are built and pickled in C.
+class Sample(NamedTuple):
     token: int
     logprob: float | None = None
     top: tuple[tuple[int, float], ...] = ()   # (token id, logprob), best first
     rank: int | None = None                   # 1 + the tokens likelier than this one (prompt logprobs)
 
 
-@dataclasses.dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     sample: Sample | None = None       # None only when max_tokens is 0 (scoring a prompt)
     finish_reason: str | None = None   # "stop" | "length" on the last token
     error: str | None = None           # the step failed; no more events follow
@@ -48,6 +50,17 @@ class Lot:
 
     def __bool__(self) -> bool:
         return bool(self.events or self.steps or self.audits or self.error)
+
+    def __getstate__(self):
+        # Pickled, a NamedTuple calls back into Python for its arguments; plain tuples do not.
+        events = [(r, e.sample and tuple(e.sample), e.finish_reason, e.error,
+                   e.prompt_logprobs and [tuple(s) for s in e.prompt_logprobs]) for r, e in self.events]
+        return events, self.steps, self.audits, self.error
+
+    def __setstate__(self, state) -> None:
+        events, self.steps, self.audits, self.error = state
+        self.events = [(r, Event(s and Sample._make(s), finish, error, p and [Sample._make(x) for x in p]))
+                       for r, s, finish, error, p in events]
 
 
 @dataclasses.dataclass(frozen=True)
