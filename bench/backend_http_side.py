@@ -4,9 +4,9 @@ takes no time at all.
     python3 bench/backend_http_side.py [--concurrency 1 32 256] [--tokens 128] [--profile]
 
 Runs on the CPU. The server (`local_backend.server` over an EngineClient, in a process of its
-own as the CLI runs it) gets a stand-in engine: a thread that, each time the last lot was
-read, sends the next, one token for every running request, as the engine's lots come through
-the pipe (pickled and unpickled). The client, in this process, sends --concurrency requests
+own as the CLI runs it) gets a stand-in engine: a thread whose every step gives each running
+request one token, its lot sent through the engine's Outbox (at most one lot ahead of the
+handlers) and pickled and unpickled as through the pipe. The client, in this process, sends --concurrency requests
 of random 128-token prompts at once, non-streaming and then streaming, and counts generated
 tokens per second. With the engine in its own process, this is the ceiling the HTTP side puts
 on a step of that many sequences: 256 requests at 30,000 tokens/s need a lot handled in
@@ -24,6 +24,7 @@ import multiprocessing
 import pickle
 import platform
 import pstats
+import queue
 import random
 import sys
 import tempfile
@@ -36,7 +37,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from local_backend.config import EngineConfig  # noqa: E402
-from local_backend.engine.messages import EngineInfo, Event, Lot, Sample, StepStats  # noqa: E402
+from local_backend.engine.messages import EngineInfo, Event, Sample, StepStats  # noqa: E402
+from local_backend.engine.outbox import Outbox  # noqa: E402
 from md_table import markdown_table  # noqa: E402  (this script's folder is on sys.path)
 
 SHAPE = dict(arch="qwen3", vocab_size=151936, hidden_size=64, intermediate_size=128, num_layers=1,
@@ -44,49 +46,47 @@ SHAPE = dict(arch="qwen3", vocab_size=151936, hidden_size=64, intermediate_size=
 
 
 class InstantEngine:
-    """A link (engine_thread.py's interface) whose engine takes no time: a lot as soon as the last was read."""
+    """A link (engine_thread.py's interface) over an engine that takes no time: each step gives
+    every running request a token, and its lot goes out through the engine's own Outbox (so at
+    most one lot ahead of the handlers), pickled and unpickled as through the pipe."""
 
     def __init__(self, config: EngineConfig):
         self.config = config
         self.info = EngineInfo("fp_bench", "-", "-", "cpu", "bfloat16", 1 << 20, 16, 4096, 1024, False)
         self.alive = True
-        self._commands: list = []
-        self._wake = threading.Condition()
-        self._read = True
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._outbox = Outbox()
 
     def start(self, loop, deliver, died) -> None:
-        threading.Thread(target=self._run, args=(loop, deliver), daemon=True).start()
+        self._outbox.connect(lambda lot: loop.call_soon_threadsafe(deliver, pickle.loads(pickle.dumps(lot))))
+        threading.Thread(target=self._run, daemon=True).start()
 
     def send(self, command: tuple) -> None:
-        with self._wake:
-            self._commands.append(command)
-            self._wake.notify()
+        self._inbox.put(command)
 
     def was_read(self) -> None:
-        with self._wake:
-            self._read = True
-            self._wake.notify()
+        self._outbox.was_read()
 
     def stop(self) -> None:
         self.send(("stop",))
 
-    def _run(self, loop, deliver) -> None:
+    def _run(self) -> None:
         running: dict[int, list] = {}   # request id -> [tokens left, rng]
         while True:
-            with self._wake:
-                self._wake.wait_for(lambda: self._commands or (self._read and running))
-                commands, self._commands = self._commands, []
-                for command in commands:
+            block = not running
+            try:
+                while True:
+                    command = self._inbox.get(block=block)
+                    block = False
                     if command[0] == "stop":
                         return
                     if command[0] == "add":
                         running[command[1]] = [command[3].max_tokens, random.Random(command[1])]
                     else:
                         running.pop(command[1], None)
-                if not (self._read and running):
-                    continue
-                self._read = False
-            lot = Lot()
+            except queue.Empty:
+                pass
+            lot = self._outbox.lot
             for request_id, state in list(running.items()):
                 state[0] -= 1
                 token = state[1].randrange(SHAPE["vocab_size"] - 8)
@@ -94,8 +94,7 @@ class InstantEngine:
                 if state[0] == 0:
                     del running[request_id]
             lot.steps.append(StepStats(len(lot.events), len(lot.events), 0.0, 0, 0, 0, 0, {}, 0.0))
-            data = pickle.dumps(lot)   # the engine process's side of the pipe, here for its bytes
-            loop.call_soon_threadsafe(deliver, pickle.loads(data))
+            self._outbox.send()
 
 
 def serve(model: str, port: int, profile: bool, ready, done) -> None:
