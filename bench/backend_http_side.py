@@ -32,14 +32,15 @@ import threading
 import time
 from pathlib import Path
 
-import aiohttp
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from local_backend.config import EngineConfig  # noqa: E402
 from local_backend.engine.messages import EngineInfo, Event, Sample, StepStats  # noqa: E402
 from local_backend.engine.outbox import Outbox  # noqa: E402
-from md_table import markdown_table  # noqa: E402  (this script's folder is on sys.path)
+from backend_determinism import Client  # noqa: E402  (this script's folder is on sys.path)
+from backend_latency import streamed  # noqa: E402
+from backend_throughput import greedy_wave  # noqa: E402
+from md_table import markdown_table  # noqa: E402
 
 SHAPE = dict(arch="qwen3", vocab_size=151936, hidden_size=64, intermediate_size=128, num_layers=1,
              num_heads=4, num_kv_heads=2, head_dim=16, tie=True, rope_theta=10000.0)   # the 0.6B's vocabulary
@@ -126,18 +127,15 @@ def serve(model: str, port: int, profile: bool, ready, done) -> None:
 
 
 async def wave(url: str, c: int, tokens: int, stream: bool) -> float:
+    """Seconds for c requests at once, answered in one body or streamed."""
     rng = random.Random(c)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                     timeout=aiohttp.ClientTimeout(total=120)) as http:
-        async def one():
-            body = {"model": "bench", "prompt": [rng.randrange(1000) for _ in range(128)], "max_tokens": tokens,
-                    "temperature": 0, "stream": stream}
-            async with http.post(url + "/v1/completions", json=body) as r:
-                assert r.status == 200, await r.text()
-                await r.read()
-        await one()   # warm-up
+    async with Client(url, SHAPE["vocab_size"]) as client:
+        await client.complete(client.prompt(rng, 128), 8, temperature=0)   # warm-up
+        if not stream:
+            return await greedy_wave(client, rng, c, 128, tokens)
+        prompts = [client.prompt(rng, 128) for _ in range(c)]
         start = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(c)))
+        await asyncio.gather(*(streamed(client, p, tokens) for p in prompts))
         return time.perf_counter() - start
 
 

@@ -243,9 +243,15 @@ class ModelRunner:
                                 d["top_p"][:n], filtered=filtered)
         if not logprobs:
             return (tokens,)
-        lp = kernels.log_softmax(logits.float())
+        lp = self._log_probs(logits)
         top_lp, top_ids = torch.topk(lp, min(TOP_LOGPROBS, lp.shape[-1]), dim=-1)
         return tokens, lp.gather(1, tokens.unsqueeze(1)).squeeze(1), top_lp, top_ids
+
+    @staticmethod
+    def _log_probs(logits: torch.Tensor) -> torch.Tensor:
+        """From the fp32 upcast (log_softmax gives other bits from bf16), the one path of a sampled
+        token's logprob and a scored one's: scoring equals sampling by construction."""
+        return kernels.log_softmax(logits.float())
 
     def _samples(self, staged: _Staged, host: list[torch.Tensor]) -> list[Sample]:
         """Samples from the outputs as they landed on the host."""
@@ -283,7 +289,7 @@ class ModelRunner:
             hi = min(start + item.num_tokens, seq.num_prompt_tokens - 1)
             if hi <= lo:
                 continue
-            lp = kernels.log_softmax(self.model.logits(self.hidden[first + lo - start:first + hi - start]).float())
+            lp = self._log_probs(self.model.logits(self.hidden[first + lo - start:first + hi - start]))
             targets = torch.tensor(seq.token_ids[lo + 1:hi + 1], device=self.device).unsqueeze(1)
             chosen = lp.gather(1, targets)
             rank = (lp > chosen).sum(dim=1) + 1
