@@ -173,10 +173,12 @@ def _ms(pair) -> str:
 def tables(results: list[dict], bandwidth: float) -> str:
     lines = [f"Copy bandwidth (read + write): {bandwidth / 1e9:.0f} GB/s.", "",
              "## Where a decode step's time goes (per engine step, us; 128-token prompts, 128 new tokens)", "",
-             "floor: the weights and the mean step's KV over the copy bandwidth. host in step: the step's wall "
-             "time less its GPU time (scheduling, block tables, staging, launches, and the hand-off: waiting for "
-             "the HTTP side to read the previous step's tokens, shown apart); outside: the engine loop "
-             "between steps (waiting for the GIL or for requests). Prefill steps are in the averages.", "",
+             "floor: the weights and the mean step's KV over the copy bandwidth. step wall: from reading the "
+             "previous step's tokens to reading this step's (the engine queues the next step before it reads "
+             "one). host in step: the step's wall time less its GPU time, the host work the GPU waited for "
+             "(scheduling, block tables, staging, launches, and the hand-off: waiting for the HTTP side to "
+             "read the previous step's tokens, shown apart); outside: the engine loop between steps (waiting "
+             "for requests). Prefill steps are in the averages.", "",
              "| model | mode | concurrent | tok/s | floor tok/s | of floor | step wall | GPU forward | GPU sampler "
              "| sampler share of GPU | host in step | of which hand-off | host outside | TTFT p50 / p99 ms | ITL p50 / p99 ms |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -44,7 +44,7 @@ from md_table import markdown_table  # noqa: E402  (this script's folder is on s
 
 TINY = dict(arch="qwen3", vocab_size=1024, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2,
             num_kv_heads=1, head_dim=32, tie=True, rope_theta=1e6)
-PHASES = ("schedule", "stage", "after_step", "samples", "lot")
+PHASES = ("schedule", "stage", "advance and register", "samples", "lot")
 
 
 def runner_and_scheduler(path: Path, batch: int) -> tuple[ModelRunner, Scheduler]:
@@ -69,18 +69,19 @@ def main() -> None:
         params = SamplingParams(seed=i, max_tokens=1 << 20, temperature=0.0, ignore_eos=True)
         scheduler.add(Sequence(i, [rng.randrange(1000) for _ in range(128)], 128, params))
     prefill = scheduler.schedule()
-    scheduler.after_step(prefill)
+    scheduler.advance(prefill)
     for item in prefill:
         item.seq.token_ids.append(1)
     us: dict[str, list[float]] = {phase: [] for phase in PHASES}
-    tokens = runner.out_host["tokens"]
+    tokens = runner.slots[0][0]["tokens"]
     for _ in range(args.steps):
         t0 = time.perf_counter()
         scheduled = scheduler.schedule()
         t1 = time.perf_counter()
         staged = runner._stage(scheduled)
         t2 = time.perf_counter()
-        scheduler.after_step(scheduled)
+        scheduler.advance(scheduled)
+        scheduler.register(scheduled)
         t3 = time.perf_counter()
         samples = runner._samples(staged, [tokens[:len(staged.sampled)]])
         for seq, sample in zip(staged.sampled, samples):

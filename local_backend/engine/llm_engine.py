@@ -4,6 +4,14 @@ It runs on a thread (engine_thread.py) or in a process of its own (engine_proces
 way the HTTP side talks to it only through commands (add a request, abort one, stop) and
 the lots it sends back (outbox.py: each sampled token as an Event, the last one carrying the
 finish reason, and each step's numbers for the metrics).
+
+The loop keeps the GPU a step ahead of the host: it schedules and queues step k+1 while step
+k runs, and only then reads step k's tokens. A sequence's token from step k is PENDING in its
+token list until then, and step k+1 takes it on the GPU. What the host cannot know yet costs
+little: a sequence that step k ends with end-of-sequence computes one more token, which is
+dropped; one that ends by length is not scheduled again (Sequence.last_in_flight). A row's
+bits do not depend on which step or batch computed it, so this changes no output. A step
+whose launch already waited for the GPU (standard mode's sampler) is read at once.
 With --audit-rate R, a fraction R of finished requests
 is later re-run when the engine is idle, alone and cold, and the tokens compared with
 what was served.
@@ -28,10 +36,10 @@ from kernels.attention_triton import attention_layout_problem
 from local_backend.config import EngineConfig, ModelConfig, settings_digest
 from local_backend.engine.block_manager import BlockManager
 from local_backend.engine.messages import EngineInfo, Event, StepStats
-from local_backend.engine.model_runner import ModelRunner
+from local_backend.engine.model_runner import Launched, ModelRunner
 from local_backend.engine.outbox import Outbox
-from local_backend.engine.scheduler import Scheduler
-from local_backend.engine.sequence import Sequence
+from local_backend.engine.scheduler import Scheduled, Scheduler
+from local_backend.engine.sequence import PENDING, Sequence, Status
 from local_backend.errors import CheckpointError
 from local_backend.loader import load_weights
 from local_backend.models.llama import Llama
@@ -46,6 +54,17 @@ ACTIVATION_RESERVE_BYTES = 4 << 30   # prefill activations, logits, CUDA graphs
 # handlers, when the engine is a thread of the server) then idles the GPU for up to that
 # long each step.
 GIL_SWITCH_SECONDS = 0.0002
+
+
+@dataclasses.dataclass
+class _InFlight:
+    """A step queued on the GPU, and what reading it needs from when it was launched."""
+    scheduled: list[Scheduled]
+    run: Launched
+    at: list[int | None]   # where each sampled sequence's PENDING token sits (None: a scored prompt)
+    prefix_queries: int    # for its StepStats
+    prefix_hits: int
+    handoff_wait: float
 
 
 @dataclasses.dataclass
@@ -129,6 +148,8 @@ class Engine:
         self._audit_rng = random.Random()
         self._auditing: dict[int, _Audit] = {}
         self.outbox = Outbox()
+        self._in_flight: _InFlight | None = None
+        self._clock = 0.0   # when the last step's tokens were read: a step's wall time runs from there
 
     def info(self) -> EngineInfo:
         return EngineInfo(self.fingerprint, kernels.KERNEL_VERSION, self.toolchain, str(self.device),
@@ -149,10 +170,8 @@ class Engine:
         seq = Sequence(next(self._ids), list(prompt), len(prompt), params, use_prefix_cache=False)
         self.scheduler.add(seq)
         while seq.num_generated < n:
-            scheduled = self.scheduler.schedule()
-            output = self.runner.step(scheduled)
-            self.scheduler.after_step(scheduled)
-            seq.token_ids.extend(s.token for s in output.samples)
+            counts = self.blocks.queries, self.blocks.hits
+            self._collect(self._launch(self.scheduler.schedule(), counts))
         self.scheduler.remove(seq)
         return seq.token_ids[seq.num_prompt_tokens:]
 
@@ -165,7 +184,7 @@ class Engine:
             self._finish(seq, audit=False)
         self.outbox.connect(deliver)
         while True:
-            block = not self.scheduler.has_work() and not self._audits
+            block = not self.scheduler.has_work() and not self._audits and self._in_flight is None
             if block:
                 self.outbox.send()
             try:
@@ -173,14 +192,16 @@ class Engine:
                     command = self._inbox.get(block=block)
                     block = False
                     if command[0] == "stop":
+                        if self._in_flight:
+                            self._collect(self._in_flight)
                         self.outbox.send()
                         return
                     self._command(command)
             except queue.Empty:
                 pass
-            if not self.scheduler.has_work() and self._audits:
+            if not self.scheduler.has_work() and self._audits and self._in_flight is None:
                 self._start_audit(self._audits.popleft())
-            if self.scheduler.has_work():
+            if self.scheduler.has_work() or self._in_flight:
                 self._step()
 
     def _command(self, command: tuple) -> None:
@@ -204,44 +225,87 @@ class Engine:
         self.scheduler.add(seq)
 
     def _step(self) -> None:
+        """Queue the next step, then read the one before it (if any)."""
         start = time.perf_counter()
-        queries, hits, waited = self.blocks.queries, self.blocks.hits, self.outbox.waited
-        scheduled = self.scheduler.schedule()
-        if not scheduled:
-            self.outbox.send()
-            return
+        counts = self.blocks.queries, self.blocks.hits
+        previous, self._in_flight = self._in_flight, None
         try:
-            output = self.runner.step(scheduled, self.outbox.send)
+            scheduled = self.scheduler.schedule()
+            if scheduled:
+                if previous is None:
+                    self._clock = start
+                self._in_flight = self._launch(scheduled, counts)
+            if previous:
+                self._collect(previous)
+            if self._in_flight and self._in_flight.run.waited:
+                current, self._in_flight = self._in_flight, None
+                self._collect(current)
         except Exception as e:  # a failed step fails its requests, not the server
             log.exception("engine step failed")
+            self._in_flight = None
+            self.runner.drain()
             self.outbox.lot.error = f"{type(e).__name__}: {e}"
             for seq in list(self._seqs.values()):
                 self._emit(seq, Event(error="the inference step failed; see the backend log"))
                 self._finish(seq, audit=False)
             self.outbox.send()
             return
-        self.scheduler.after_step(scheduled)
-        for seq_id, entries in output.prompt_logprobs.items():
+        if not scheduled:   # no launch to hand the tokens over at
+            self.outbox.send()
+
+    def _ends_by_length(self, seq: Sequence, tokens: int) -> bool:
+        return tokens - seq.num_prompt_tokens >= seq.params.max_tokens or tokens >= self.max_model_len
+
+    def _launch(self, scheduled: list[Scheduled], counts: tuple[int, int]) -> _InFlight:
+        """Queue a step and count its tokens as computed; each sampled sequence gets a PENDING
+        token. `counts`: the prefix cache's lookups and hits before the step was scheduled."""
+        waited = self.outbox.waited
+        run = self.runner.launch(scheduled, self.outbox.send)
+        self.scheduler.advance(scheduled)
+        for seq_id, entries in run.prompt_logprobs.items():
             self._seqs[seq_id].prompt_logprobs += entries
-        generated = 0
-        for seq, sample in zip(output.sampled, output.samples):
-            prompt = seq.prompt_logprobs if seq.params.prompt_logprobs is not None and seq.num_generated == 0 else None
+        at = []
+        for seq in run.staged.sampled:
+            if seq.params.max_tokens == 0:   # scored, not generated: the draw will be dropped
+                seq.last_in_flight = True
+                at.append(None)
+            else:
+                at.append(len(seq))
+                seq.token_ids.append(PENDING)
+                seq.last_in_flight = self._ends_by_length(seq, len(seq))
+        return _InFlight(scheduled, run, at, self.blocks.queries - counts[0], self.blocks.hits - counts[1],
+                         self.outbox.waited - waited)
+
+    def _collect(self, step: _InFlight) -> None:
+        """Read a step's tokens into its sequences, emit them, and end the sequences they end."""
+        output = self.runner.finish(step.run)
+        ended, generated = [], 0
+        for seq, sample, at in zip(output.sampled, output.samples, step.at):
+            if seq.status is Status.FINISHED:   # aborted, or ended by the step before, while this one ran
+                continue
             reason = None
-            if seq.params.max_tokens == 0:   # scored, not generated: the draw is dropped
+            if at is None:
                 sample, reason = None, "length"
             else:
-                seq.token_ids.append(sample.token)
+                seq.token_ids[at] = sample.token
                 generated += 1
                 if sample.token in self.eos_token_ids and not seq.params.ignore_eos:
                     reason = "stop"
-                elif seq.num_generated >= seq.params.max_tokens or len(seq) >= self.max_model_len:
+                elif self._ends_by_length(seq, at + 1):
                     reason = "length"
+            first = at is None or at == seq.num_prompt_tokens
+            prompt = seq.prompt_logprobs if seq.params.prompt_logprobs is not None and first else None
             self._emit(seq, Event(sample, reason, prompt_logprobs=prompt))
             if reason:
-                self._finish(seq)
+                ended.append(seq)
+        self.scheduler.register(step.scheduled)
+        for seq in ended:
+            self._finish(seq)
+        now = time.perf_counter()
         self.outbox.lot.steps.append(StepStats(
-            len(scheduled), generated, time.perf_counter() - start, self.blocks.num_used, len(self.scheduler.waiting),
-            self.blocks.queries - queries, self.blocks.hits - hits, output.gpu_seconds, self.outbox.waited - waited))
+            len(step.scheduled), generated, now - self._clock, self.blocks.num_used, len(self.scheduler.waiting),
+            step.prefix_queries, step.prefix_hits, output.gpu_seconds, step.handoff_wait))
+        self._clock = now
 
     def _emit(self, seq: Sequence, event: Event) -> None:
         """Hold an event for its request, in order; the outbox sends it."""
@@ -249,6 +313,7 @@ class Engine:
             self.outbox.lot.events.append((seq.request_id, event))
 
     def _finish(self, seq: Sequence, audit: bool = True) -> None:
+        seq.drop_pending()
         self.scheduler.remove(seq)
         self._seqs.pop(seq.seq_id, None)
         self._requests.pop(seq.request_id, None)

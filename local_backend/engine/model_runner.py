@@ -18,6 +18,11 @@ pages into a buffer sized by the KV bound (kernels/attention_vendor.py), which a
 for every prefill shape would hold for every sequence slot, and its torch sampler syncs
 with the host to decide on filtering, which no graph may do.
 
+launch() queues a step and finish() reads its tokens; two steps may be in flight, each with
+its own host input buffer, output slot and timing marks. A token the step ahead is still
+sampling reaches the next step's inputs on the GPU: the head writes its tokens to `sampled`,
+and the forward takes a flagged input position from there (_token_ids).
+
 Prompt logprobs (a prompt token's logprob given the tokens before it) are computed from
 the hidden states of the prefill chunk that holds the position before it, through the
 same logits and log-softmax as a sampled token's: scoring a finished sequence again
@@ -37,6 +42,7 @@ import kernels
 from kernels.sampling import row_filters
 from local_backend.engine.messages import Sample
 from local_backend.engine.scheduler import Scheduled
+from local_backend.engine.sequence import PENDING
 from local_backend.engine.step_inputs import StepInputs
 from local_backend.models.llama import AttentionBatch, Llama
 
@@ -49,7 +55,6 @@ TOP_LOGPROBS = 20   # the most top_logprobs a request may ask for (protocol.py)
 class StepOutput:
     sampled: list                                          # the Sequence of each item whose step reaches its last token
     samples: list[Sample]                                  # one per sequence in `sampled`
-    prompt_logprobs: dict[int, list[Sample]]               # seq_id -> this step's new entries
     gpu_seconds: dict[str, float]                          # GPU time by phase ("forward", "sampler"); CUDA only
 
 
@@ -80,6 +85,16 @@ class _Staged:
     scored: list                  # (Scheduled, its first hidden row) of each item that asks for prompt logprobs
 
 
+@dataclasses.dataclass
+class Launched:
+    """A step queued on the GPU whose tokens the host has not read yet (ModelRunner.finish)."""
+    staged: _Staged
+    slot: int                                  # its GPU marks and host output buffers
+    outputs: int                               # how many of tokens / chosen / top_lp / top_ids it copies back
+    prompt_logprobs: dict[int, list[Sample]]   # seq_id -> this step's new entries (read at launch)
+    waited: bool                               # the host already waited for its forward (see launch)
+
+
 class ModelRunner:
     def __init__(self, model: Llama, num_blocks: int, block_size: int, max_model_len: int,
                  max_batch: int, max_tokens: int, chunk_size: int, use_cuda_graphs: bool):
@@ -99,18 +114,22 @@ class ModelRunner:
         self.pad_piece = min(chunk_size, max_model_len)
         self.max_seqs = max_batch + -(-max_tokens // self.pad_piece)
         self.inputs = StepInputs(self.max_seqs, max_tokens, self.max_blocks_per_seq, self.device)
-        # (sequence id, table length) each host table row holds: a decode step rewrites only the
-        # rows whose sequence moved or grew a block (most rows, most steps, are unchanged).
-        self.table_rows: list[tuple[int, int] | None] = [None] * self.max_seqs
         self.hidden = torch.zeros(max_tokens, cfg.hidden_size, dtype=self.dtype, device=self.device)
+        # The last step's sampled tokens, on the GPU: the next step, queued before the host has
+        # read them, takes its inputs from here (_token_ids).
+        self.sampled = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
+        self._ahead_rows: dict = {}   # Sequence -> its row in `sampled` after the last launched step
         gpu = self.device.type == "cuda"
-        # Where the sampled tokens (and their logprobs) land on the host: pinned, read after one event.
-        self.out_host = {name: torch.zeros(shape, dtype=dtype, pin_memory=gpu) for name, shape, dtype in (
+        # Two steps may be in flight (queued, and its successor being staged), each with its own
+        # slot: where its sampled tokens (and their logprobs) land on the host, pinned, and marks
+        # on the GPU's timeline (step start, forward done, sampler done; the last is also what
+        # the host waits on).
+        self.slots = [({name: torch.zeros(shape, dtype=dtype, pin_memory=gpu) for name, shape, dtype in (
             ("tokens", (max_batch,), torch.int64), ("chosen", (max_batch,), torch.float32),
-            ("top_lp", (max_batch, TOP_LOGPROBS), torch.float32), ("top_ids", (max_batch, TOP_LOGPROBS), torch.int64))}
-        # Marks on the GPU's timeline: step start, forward done, sampler done. The last is also
-        # what the host waits on.
-        self.marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if gpu else None
+            ("top_lp", (max_batch, TOP_LOGPROBS), torch.float32), ("top_ids", (max_batch, TOP_LOGPROBS), torch.int64))},
+            [torch.cuda.Event(enable_timing=True) for _ in range(3)] if gpu else None) for _ in range(2)]
+        self._slot = 0
+        self._in_flight = [False, False]
         self.stream = torch.cuda.current_stream(self.device) if gpu else None   # looked up once: ~30 us a call
         self.forward_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}   # (batch, kv bound)
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}                # tokens
@@ -129,8 +148,9 @@ class ModelRunner:
         h["cu_seqlens"][first_seq + 1:seqs + 1] = np.arange(first_token + 1, first_token + 1 + seqs - first_seq)
         h["kv_lens"][first_seq:seqs] = 1
         h["tables"][first_seq:seqs, 0] = 0
-        self.table_rows[first_seq:seqs] = [None] * (seqs - first_seq)
+        self.inputs.table_rows[first_seq:seqs] = [None] * (seqs - first_seq)
         h["ids"][first_token:tokens] = 0
+        h["ahead"][first_token:tokens] = False
         h["positions"][first_token:tokens] = 0
         h["slots"][first_token:tokens] = -1
 
@@ -145,6 +165,7 @@ class ModelRunner:
         h["kv_lens"][seqs:end] = lens
         h["kv_lens"][end:self.max_seqs] = 1
         h["ids"][tokens:size] = 0
+        h["ahead"][tokens:size] = False
         h["positions"][tokens:size] = np.arange(pad) % piece
         h["slots"][tokens:size] = -1
 
@@ -162,8 +183,8 @@ class ModelRunner:
         """Write the step's inputs into the host buffer (not yet sent)."""
         h, bs = self.inputs.host, self.block_size
         ids, positions, slots, cu, kv_lens = [], [], [], [0], []
-        rows, sampled, scored = [], [], []
-        tables, table_rows = h["tables"], self.table_rows
+        rows, sampled, scored, ahead = [], [], [], []
+        tables, table_rows = h["tables"], self.inputs.table_rows
         for i, item in enumerate(scheduled):
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_tokens
@@ -187,8 +208,16 @@ class ModelRunner:
             if end == len(seq.token_ids):   # the step reaches the last token: it samples
                 rows.append(cu[-1] - 1)
                 sampled.append(seq)
+                if seq.token_ids[-1] == PENDING:   # sampled by the step in flight
+                    ahead.append((cu[-1] - 1, self._ahead_rows[seq]))
+                    ids[cu[-1] - 1] = 0
         t, s = cu[-1], len(scheduled)
         h["ids"][:t] = ids
+        h["ahead"][:t] = False
+        if ahead:
+            at, ahead_rows = zip(*ahead)
+            h["ahead"][list(at)] = True
+            h["ahead_row"][list(at)] = ahead_rows
         h["positions"][:t] = np.hstack(positions) if len(positions) != t else positions
         h["slots"][:t] = np.hstack(slots) if len(slots) != t else slots
         h["cu_seqlens"][:s + 1] = cu
@@ -209,11 +238,18 @@ class ModelRunner:
 
     # ---- the forward pass ----------------------------------------------------------
 
-    def _batch(self, seqs: int, tokens: int, max_q_len: int, max_kv_len: int):
+    def _token_ids(self, tokens: int) -> torch.Tensor:
+        """The step's input tokens, those still being sampled when it was staged taken from `sampled`."""
+        d = self.inputs.dev
+        return torch.where(d["ahead"][:tokens], self.sampled.index_select(0, d["ahead_row"][:tokens]),
+                           d["ids"][:tokens])
+
+    def _forward(self, seqs: int, tokens: int, max_q_len: int, max_kv_len: int) -> None:
         d = self.inputs.dev
         batch = AttentionBatch(d["slots"][:tokens], d["tables"][:seqs], d["cu_seqlens"][:seqs + 1],
                                d["kv_lens"][:seqs], max_q_len=max_q_len, max_kv_len=max_kv_len)
-        return d["ids"][:tokens], d["positions"][:tokens], self.kv_caches, batch
+        self.hidden[:tokens].copy_(self.model.forward(self._token_ids(tokens), d["positions"][:tokens],
+                                                      self.kv_caches, batch))
 
     def _forward_graph(self, staged: _Staged) -> tuple[int, int] | None:
         """(padded batch, KV bound) of the decode graph that serves this step, if one does."""
@@ -241,6 +277,7 @@ class ModelRunner:
         logits = self.model.logits(self.hidden.index_select(0, d["rows"][:n]))
         tokens = kernels.sample(logits, d["seeds"][:n], d["steps"][:n], d["temperature"][:n], d["top_k"][:n],
                                 d["top_p"][:n], filtered=filtered)
+        self.sampled[:n].copy_(tokens)
         if not logprobs:
             return (tokens,)
         lp = self._log_probs(logits)
@@ -265,17 +302,13 @@ class ModelRunner:
             out.append(Sample(t) if k is None else Sample(t, chosen[i], tuple(zip(top_ids[i][:k], top_lp[i][:k]))))
         return out
 
-    def _mark(self, i: int) -> None:
-        if self.marks is not None:
-            self.marks[i].record(self.stream)
-
-    def _wait(self) -> dict[str, float]:
-        """Wait for the GPU (which also keeps the host buffers from being rewritten under a copy
-        still queued); the GPU time of the step's phases."""
-        if self.marks is None:
+    def _wait(self, marks: list | None) -> dict[str, float]:
+        """Wait for the GPU (which also keeps the slot's host buffers from being rewritten under a
+        copy still queued); the GPU time of the step's phases."""
+        if marks is None:
             return {}
-        self.marks[2].synchronize()   # releases the GIL while the GPU works: the HTTP side runs meanwhile
-        start, forward, end = self.marks
+        marks[2].synchronize()   # releases the GIL while the GPU works: the HTTP side runs meanwhile
+        start, forward, end = marks
         return {"forward": start.elapsed_time(forward) / 1e3, "sampler": forward.elapsed_time(end) / 1e3}
 
     def _prompt_logprobs(self, staged: _Staged) -> dict[int, list[Sample]]:
@@ -300,12 +333,23 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
-    def step(self, scheduled: list[Scheduled], launched: Callable[[], None] = lambda: None) -> StepOutput:
-        """Run one step. `launched` is called once, when the step's work is queued on the GPU as far
-        as the host can queue it without waiting: the engine hands the previous step's tokens to
-        the HTTP side then, which works while the GPU does, and may wait there for the handlers
-        (outbox.py) without leaving the GPU idle."""
+    def launch(self, scheduled: list[Scheduled], launched: Callable[[], None] = lambda: None) -> Launched:
+        """Queue one step on the GPU; finish() reads its tokens. At most two steps are in flight:
+        the engine stages and queues step k+1 while step k runs, its tokens that step k is still
+        sampling taken on the GPU (_token_ids).
+
+        `launched` is called once, when the step's work is queued as far as the host can queue
+        it without waiting: the engine hands the tokens read so far to the HTTP side then, which
+        works while the GPU does, and may wait there for the handlers (outbox.py) without
+        leaving the GPU idle."""
+        slot = self._slot
+        if self._in_flight[slot]:
+            raise RuntimeError("two steps are already in flight")
+        self._slot = 1 - slot
+        self.inputs.next_buffer()
+        outputs_host, marks = self.slots[slot]
         staged = self._stage(scheduled)
+        self._ahead_rows = {seq: j for j, seq in enumerate(staged.sampled)}
         forward, prefill, head = self._forward_graph(staged), self._prefill_graph(staged), self._head_graph(staged)
         if forward:
             self._pad(staged.seqs, forward[0], staged.tokens, forward[0])
@@ -314,17 +358,19 @@ class ModelRunner:
         if head:
             self._pad_rows(len(staged.sampled), head[0])
         self.inputs.upload(forward[0] if forward else self.max_seqs if prefill else staged.seqs)
-        self._mark(0)
+        self._in_flight[slot] = True
+        if marks:
+            marks[0].record(self.stream)
         graph = self.forward_graphs[forward] if forward else self.prefill_graphs[prefill] if prefill else None
         # The hand-over goes before the step's first eager part (eager launches are host work,
         # and standard mode's torch sampler waits for the GPU), else after the last graph.
         if graph is None:
             launched()
-            args = self._batch(staged.seqs, staged.tokens, staged.max_q_len, staged.max_kv_len)
-            self.hidden[:staged.tokens].copy_(self.model.forward(*args))
+            self._forward(staged.seqs, staged.tokens, staged.max_q_len, staged.max_kv_len)
         else:
             graph.replay()
-        self._mark(1)
+        if marks:
+            marks[1].record(self.stream)
         if graph is not None and not head:
             launched()
         outputs = ()
@@ -334,15 +380,32 @@ class ModelRunner:
         elif staged.sampled:
             outputs = self._head(len(staged.sampled), staged.filtered, staged.logprobs)
         n = len(staged.sampled)
-        host = [self.out_host[name][:n] for name in ("tokens", "chosen", "top_lp", "top_ids")[:len(outputs)]]
-        for h, out in zip(host, outputs):
-            h.copy_(out[:n], non_blocking=True)
-        self._mark(2)
+        for name, out in zip(("tokens", "chosen", "top_lp", "top_ids"), outputs):
+            outputs_host[name][:n].copy_(out[:n], non_blocking=True)
+        if marks:
+            marks[2].record(self.stream)
         if graph is not None and head:
             launched()
-        prompt = self._prompt_logprobs(staged)
-        gpu_seconds = self._wait()
-        return StepOutput(staged.sampled, self._samples(staged, host) if n else [], prompt, gpu_seconds)
+        # Standard mode's torch sampler waits for the GPU to decide on filtering: then nothing is
+        # left queued for the next step to overlap, and its tokens are best read at once.
+        waited = not head and bool(staged.sampled) and kernels.get_mode() == "standard"
+        return Launched(staged, slot, len(outputs), self._prompt_logprobs(staged), waited)
+
+    def finish(self, step: Launched) -> StepOutput:
+        """Wait for a launched step and read its tokens."""
+        outputs_host, marks = self.slots[step.slot]
+        gpu_seconds = self._wait(marks)
+        self._in_flight[step.slot] = False
+        n = len(step.staged.sampled)
+        host = [outputs_host[name][:n] for name in ("tokens", "chosen", "top_lp", "top_ids")[:step.outputs]]
+        return StepOutput(step.staged.sampled, self._samples(step.staged, host) if n else [], gpu_seconds)
+
+    def drain(self) -> None:
+        """Forget the steps in flight, once the GPU is done with them (after a failed step)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._in_flight = [False, False]
+        self._ahead_rows = {}
 
     # ---- CUDA graphs ---------------------------------------------------------------
 
@@ -354,8 +417,7 @@ class ModelRunner:
         pool = None
         for bound in sorted(self.graph_bounds, reverse=True):
             for b in sorted(self.graph_sizes, reverse=True):
-                args = self._batch(b, b, 1, bound)
-                graph, _ = self._graph(lambda: self.hidden[:b].copy_(self.model.forward(*args)), pool)
+                graph, _ = self._graph(lambda: self._forward(b, b, 1, bound), pool)
                 pool = graph.pool()
                 self.forward_graphs[b, bound] = graph
         # Standard mode keeps prefill and sampling eager (the module's docstring says why).
@@ -363,8 +425,8 @@ class ModelRunner:
             for t in sorted(self.graph_tokens, reverse=True):
                 self._pad_prefill(0, 0, t)
                 self.inputs.upload(self.max_seqs)
-                args = self._batch(self.max_seqs, t, self.chunk_size, self.max_model_len)
-                self.prefill_graphs[t], _ = self._graph(lambda: self.hidden[:t].copy_(self.model.forward(*args)), pool)
+                self.prefill_graphs[t], _ = self._graph(
+                    lambda: self._forward(self.max_seqs, t, self.chunk_size, self.max_model_len), pool)
             for b in sorted(self.graph_sizes, reverse=True):
                 for filtered, logprobs in itertools.product((False, True), repeat=2):
                     self.head_graphs[b, filtered, logprobs] = self._graph(lambda: self._head(b, filtered, logprobs), pool)

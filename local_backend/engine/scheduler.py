@@ -60,7 +60,7 @@ class Scheduler:
         budget = self.max_batched_tokens
         block_size = self.blocks.block_size
         for seq in list(self.running):
-            if seq.status is not Status.RUNNING:   # preempted to make room for an earlier one
+            if seq.status is not Status.RUNNING or seq.last_in_flight:   # preempted for an earlier one, or done
                 continue
             n = seq.next_chunk(self.chunk_size)
             if n > budget:
@@ -79,7 +79,7 @@ class Scheduler:
                 budget -= n
         while self.waiting and len(self.running) < self.max_batch and not any(s.alone for s in self.running):
             seq = self.waiting[0]
-            if seq.alone and self.running:
+            if (seq.alone and self.running) or seq.last_in_flight:   # the latter ends when its step is read
                 break
             # The first chunk is at most this long, whatever the prefix cache holds.
             if min(len(seq), self.chunk_size) > budget or not self.blocks.allocate(seq):
@@ -94,10 +94,16 @@ class Scheduler:
                 break
         return out
 
-    def after_step(self, scheduled: list[Scheduled]) -> None:
+    def advance(self, scheduled: list[Scheduled]) -> None:
+        """A step is queued: its tokens count as computed (the next step may follow it at once)."""
+        for item in scheduled:
+            item.seq.num_computed_tokens += item.num_tokens
+
+    def register(self, scheduled: list[Scheduled]) -> None:
+        """Publish the blocks a finished step filled to the prefix cache. Called once the tokens
+        of every computed position are known, which the step in flight after it may not be."""
         block_size = self.blocks.block_size
         for item in scheduled:
             seq = item.seq
-            seq.num_computed_tokens += item.num_tokens
-            if seq.num_computed_tokens // block_size > len(seq.block_hashes):   # a block filled up
+            if seq.status is Status.RUNNING and seq.num_computed_tokens // block_size > len(seq.block_hashes):
                 self.blocks.register_computed(seq)

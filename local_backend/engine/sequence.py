@@ -6,6 +6,10 @@ import enum
 
 from local_backend.sampling_params import SamplingParams
 
+# A generated token the host has not read yet: the step that samples it is still on the GPU,
+# and the next step, queued meanwhile, takes it from there (llm_engine.py, model_runner.py).
+PENDING = -1
+
 
 class Status(enum.Enum):
     WAITING = "waiting"
@@ -27,6 +31,12 @@ class Sequence:
     block_table: list[int] = dataclasses.field(default_factory=list)
     block_hashes: list[int] = dataclasses.field(default_factory=list)  # chained hashes of full computed blocks
     prompt_logprobs: list = dataclasses.field(default_factory=list)    # Samples of prompt tokens 1.., as scored
+    last_in_flight: bool = False   # its last token (by max_tokens or the context) is being sampled: nothing to schedule
+
+    def drop_pending(self) -> None:
+        """Forget the tokens still being sampled (the sequence ended before they were read)."""
+        while self.token_ids and self.token_ids[-1] == PENDING:
+            self.token_ids.pop()
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -1,10 +1,13 @@
 """A step's inputs, built on the host and sent to the GPU in one copy.
 
-Every field lives at a fixed offset of one pinned host buffer and of its device twin, so
+Every field lives at a fixed offset of a pinned host buffer and of its device twin, so
 CUDA graphs read the device views in place and a step costs one transfer instead of one
 per tensor (each a host launch, at decode the step's largest host cost after Python).
 Per-sequence fields come first, then per-token ones, then the block tables, whose unused
 rows are not sent.
+
+On a GPU there are two host buffers, used in turn: the engine stages a step while the one
+before it is still queued (llm_engine.py), whose copy may not have left its buffer yet.
 """
 from __future__ import annotations
 
@@ -20,8 +23,10 @@ class StepInputs:
             ("rows", torch.int64, max_seqs), ("seeds", torch.int64, max_seqs), ("steps", torch.int64, max_seqs),
             ("temperature", torch.float32, max_seqs), ("top_k", torch.int32, max_seqs),
             ("top_p", torch.float32, max_seqs),
-            # per token
+            # per token; a token still being sampled by the step before is that step's
+            # sampled row `ahead_row` where `ahead` is set (ModelRunner.token_ids)
             ("ids", torch.int64, max_tokens), ("positions", torch.int64, max_tokens), ("slots", torch.int64, max_tokens),
+            ("ahead_row", torch.int64, max_tokens), ("ahead", torch.bool, max_tokens),
             ("tables", torch.int32, max_seqs * max_blocks),
         ]
         offsets, at = {}, 0
@@ -29,17 +34,28 @@ class StepInputs:
             offsets[name] = at
             at += -(-n * dtype.itemsize // 16) * 16
         gpu = device.type == "cuda"
-        self.host_bytes = torch.zeros(at, dtype=torch.uint8, pin_memory=gpu)
-        self.device_bytes = torch.zeros(at, dtype=torch.uint8, device=device) if gpu else self.host_bytes
-        self.host: dict[str, np.ndarray] = {}
-        self.dev: dict[str, torch.Tensor] = {}
-        for name, dtype, n in fields:
-            span = slice(offsets[name], offsets[name] + n * dtype.itemsize)
-            self.host[name] = self.host_bytes[span].view(dtype).numpy()
-            self.dev[name] = self.device_bytes[span].view(dtype)
-        self.host["tables"] = self.host["tables"].reshape(max_seqs, max_blocks)
+        buffers = [torch.zeros(at, dtype=torch.uint8, pin_memory=gpu) for _ in range(2 if gpu else 1)]
+        self.device_bytes = torch.zeros(at, dtype=torch.uint8, device=device) if gpu else buffers[0]
+        self._hosts: list[tuple[torch.Tensor, dict[str, np.ndarray], list]] = []
+        for buffer in buffers:
+            views = {name: buffer[offsets[name]:offsets[name] + n * dtype.itemsize].view(dtype).numpy()
+                     for name, dtype, n in fields}
+            views["tables"] = views["tables"].reshape(max_seqs, max_blocks)
+            # (sequence id, table length) each table row holds: a decode step rewrites only the
+            # rows whose sequence moved or grew a block (most rows, most steps, are unchanged).
+            self._hosts.append((buffer, views, [None] * max_seqs))
+        self.dev: dict[str, torch.Tensor] = {
+            name: self.device_bytes[offsets[name]:offsets[name] + n * dtype.itemsize].view(dtype)
+            for name, dtype, n in fields}
         self.dev["tables"] = self.dev["tables"].view(max_seqs, max_blocks)
         self._tables_at, self._row_bytes = offsets["tables"], max_blocks * 4
+        self._turn = 0
+        self.host_bytes, self.host, self.table_rows = self._hosts[0]
+
+    def next_buffer(self) -> None:
+        """Stage the next step in the other host buffer (the caller knows its last copy is done)."""
+        self._turn = (self._turn + 1) % len(self._hosts)
+        self.host_bytes, self.host, self.table_rows = self._hosts[self._turn]
 
     def upload(self, table_rows: int) -> None:
         """Send everything the host wrote, block tables up to row table_rows (asynchronous)."""

@@ -104,7 +104,7 @@ def test_scheduler_mixes_decodes_and_prefill_within_the_budget():
     sched.add(decoding)
     first = sched.schedule()
     assert [(x.seq.seq_id, x.num_tokens) for x in first] == [(0, 5)]
-    sched.after_step(first)
+    sched.advance(first)
     decoding.token_ids.append(7)
     sched.add(seq(1, range(100, 130)))
     sched.add(seq(2, range(200, 230)))
@@ -121,7 +121,8 @@ def test_preemption_frees_the_latest_and_it_restarts_from_scratch():
     sched.add(a)
     sched.add(b)
     step = sched.schedule()
-    sched.after_step(step)
+    sched.advance(step)
+    sched.register(step)
     for s in (a, b):
         s.token_ids.append(1)        # 8 tokens each: both blocks full
     a.token_ids.append(2)            # a now needs a third block; none is free

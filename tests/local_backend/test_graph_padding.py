@@ -30,7 +30,8 @@ def hidden(runner, scheduled, pad):
         seqs, tokens, max_q, max_kv = pad(staged)
     runner.inputs.upload(seqs)
     with torch.inference_mode():
-        return runner.model.forward(*runner._batch(seqs, tokens, max_q, max_kv))[:staged.tokens]
+        runner._forward(seqs, tokens, max_q, max_kv)
+    return runner.hidden[:staged.tokens].clone()
 
 
 def test_prefill_padding_is_extra_sequences_and_empty_slots(checkpoints):

@@ -109,15 +109,15 @@ async def test_a_failed_step_fails_its_requests_not_the_server(checkpoints, monk
         body = dict(model="qwen3", prompt="Deterministic answers", max_tokens=8, temperature=0,
                     extra_body={"ignore_eos": True})
         good = (await s.client.completions.create(**body)).choices[0].text
-        step, calls = s.engine.runner.step, []
+        launch, calls = s.engine.runner.launch, []
 
         def fails_fourth(scheduled, launched=lambda: None):
             calls.append(1)
             if len(calls) % 4 == 0:
                 raise RuntimeError("device lost")
-            return step(scheduled, launched)
+            return launch(scheduled, launched)
 
-        monkeypatch.setattr(s.engine.runner, "step", fails_fourth)
+        monkeypatch.setattr(s.engine.runner, "launch", fails_fourth)
         received = []
         with pytest.raises(openai.APIError, match="inference step failed"):
             async for chunk in await s.client.completions.create(stream=True, **body):
@@ -128,7 +128,7 @@ async def test_a_failed_step_fails_its_requests_not_the_server(checkpoints, monk
         with pytest.raises(openai.InternalServerError) as failed:
             await s.client.completions.create(**body)
         assert failed.value.body["type"] == "server_error"
-        monkeypatch.setattr(s.engine.runner, "step", step)
+        monkeypatch.setattr(s.engine.runner, "launch", launch)
         assert (await s.client.completions.create(**body)).choices[0].text == good
 
 
