@@ -11,11 +11,15 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
+from kernels.device import dependent_launch
+
 BLOCK = 1024
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_wait()   # launched early (device.dependent_launch): the kernel ahead's writes land here
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
@@ -38,7 +42,8 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     assert x.stride(1) == 1
     t, n = gate.shape
     out = torch.empty(t, n, dtype=x.dtype, device=x.device)
+    pdl = dependent_launch(x.device)
     if t and n:
         _silu_mul_kernel[(t, triton.cdiv(n, BLOCK))](x, out, n, x.stride(0), out.stride(0), BLOCK=BLOCK,
-                                                   num_warps=4, enable_fp_fusion=False)
+                                                   PDL=pdl, launch_pdl=pdl, num_warps=4, enable_fp_fusion=False)
     return out

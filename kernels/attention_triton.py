@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.device import sm_count
+from kernels.device import dependent_launch, sm_count
 from kernels.toolchain import FP_FUSION
 
 # The constants that fix every row's summation order: changing any of them changes output
@@ -313,12 +313,14 @@ def _attention_kernel(
     stride_pt, stride_ph, stride_ps,
     D: tl.constexpr, BLOCK_D: tl.constexpr, G: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND: tl.constexpr, CHUNK: tl.constexpr,
-    WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
+    WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr, PDL: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // G
     ROWS: tl.constexpr = BLOCK_Q * G
     PADDED: tl.constexpr = ROWS != BLOCK_M
     PAIRS: tl.constexpr = DECODE and G <= 8  # see _pair_rows
+    if PDL:
+        tl.extra.cuda.gdc_wait()   # launched early (device.dependent_launch): the kernel ahead's writes land here
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
 
@@ -425,8 +427,10 @@ def _fold_partials_kernel(
     stride_ot, stride_oh, stride_pt, stride_ph, stride_ps,
     H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, CHUNK_D: tl.constexpr,
     UNROLL: tl.constexpr, DECODE_ONLY: tl.constexpr, BLOCK_N: tl.constexpr, BAND: tl.constexpr,
-    CHUNK: tl.constexpr, WIDE_FROM: tl.constexpr, WIDE: tl.constexpr,
+    CHUNK: tl.constexpr, WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()   # launched early (device.dependent_launch): the kernel ahead's writes land here
     # Rows are (token, head) pairs; each folds its own splits, up to the one holding pos. A row
     # that has run out of splits folds the empty split (-inf, 0, 0): an exact no-op.
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -577,6 +581,7 @@ def paged_attention_triton(
     else:
         per_tile, per_chunk, tile_programs, grid_splits = 0, 0, 0, 1
         part_o = part_ml = o  # unused by the fold-in-program path
+    pdl = dependent_launch(q.device)
     _attention_kernel[(n_tiles, h_kv, grid_splits)](
         q, k_cache, v_cache, o, part_o, part_ml,
         block_tables, cu_seqlens_q, kv_lens, cu_tiles,
@@ -588,7 +593,7 @@ def paged_attention_triton(
         *(part_o.stride()[:3] if split_per_program else (0, 0, 0)),
         D=D, BLOCK_D=BLOCK_D, G=G, PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=BLOCK_N,
         BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, SPLIT=bool(split_per_program),
-        DECODE=decode_only, num_warps=num_warps,
+        DECODE=decode_only, PDL=pdl, launch_pdl=pdl, num_warps=num_warps,
         num_stages=DECODE_STAGES if max_q_len <= block_q else NUM_STAGES, enable_fp_fusion=FP_FUSION,
     )
     if split_per_program:
@@ -604,7 +609,7 @@ def paged_attention_triton(
             o.stride(0), o.stride(1), *part_o.stride()[:3],
             H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=rows, CHUNK_D=chunk_d,
             UNROLL=min(max_unroll, triton.next_power_of_2(n_splits)), DECODE_ONLY=decode_only, BLOCK_N=BLOCK_N,
-            BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, num_warps=warps,
-            enable_fp_fusion=FP_FUSION,
+            BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, PDL=pdl, launch_pdl=pdl,
+            num_warps=warps, enable_fp_fusion=FP_FUSION,
         )
     return o

@@ -25,7 +25,10 @@ def _sm_count(index: int) -> int:
 
 def dependent_launch(device: torch.device) -> bool:
     """Whether a kernel may launch before the one ahead of it ends (programmatic dependent launch:
-    sm_90 and later, and a Triton that has griddepcontrol)."""
+    sm_90 and later, and a Triton that has griddepcontrol). The decode path's kernels launch so
+    and wait (griddepcontrol.wait) before touching memory: the launch overlaps the kernel ahead's
+    drain, and nothing is read or written early, so no bit changes (bench/results/
+    backend_step_ahead_ab.md: one 0.6B request's forward 1,297 -> 1,256 us on an H200)."""
     return device.type == "cuda" and _dependent_launch(_index(device))
 
 

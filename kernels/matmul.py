@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.device import sm_count
+from kernels.device import dependent_launch, sm_count
 from kernels.mode import get_mode, use_triton
 from kernels.toolchain import FP_FUSION
 
@@ -109,8 +109,10 @@ def _matmul_kernel(
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()   # launched early (device.dependent_launch): the kernel ahead's writes land here
     # Grouped launch order so that consecutive programs share B tiles in L2.
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -195,8 +197,10 @@ def _matmul_tma_kernel(
     M, N, K, SEGMENTS, SEGMENT_STEPS,
     HAS_BIAS: tl.constexpr, B_KMAJOR: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()   # launched early (device.dependent_launch): the kernel ahead's writes land here
     # Persistent: program p walks tiles p, p + num_programs, ...;
     # every tile still sums K in the same fixed order. The copy engine fills
     # out-of-range rows and the K tail with zeros and clips the store.
@@ -293,6 +297,7 @@ def _launch_tma(a, b, bias, c, segments, block_m, block_n, block_k, warps, stage
         M, N, K, *segments,
         HAS_BIAS=bias is not None, B_KMAJOR=b_kmajor, IEEE=a.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
+        PDL=dependent_launch(a.device), launch_pdl=dependent_launch(a.device),
         num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION,
     )
 
@@ -308,6 +313,7 @@ def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, s
         HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0, IEEE=a.dtype == torch.float32,
         PARTIAL=parts is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
+        PDL=dependent_launch(a.device), launch_pdl=dependent_launch(a.device),
         num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION,
     )
 
