@@ -17,10 +17,7 @@ BLOCK = 1024
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr,
-                     EARLY: tl.constexpr):
-    if EARLY:
-        tl.extra.cuda.gdc_launch_dependents()   # a decode matmul follows: let it prefetch its weights meanwhile
+def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()   # launched early (device.dependent_launch): the kernel ahead's writes land here
     row = tl.program_id(0).to(tl.int64)
@@ -48,5 +45,5 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     pdl = dependent_launch(x.device)
     if t and n:
         _silu_mul_kernel[(t, triton.cdiv(n, BLOCK))](x, out, n, x.stride(0), out.stride(0), BLOCK=BLOCK,
-                                                   PDL=pdl, launch_pdl=pdl, EARLY=pdl and t <= 16, num_warps=4, enable_fp_fusion=False)
+                                                   PDL=pdl, launch_pdl=pdl, num_warps=4, enable_fp_fusion=False)
     return out

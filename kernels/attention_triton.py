@@ -427,10 +427,8 @@ def _fold_partials_kernel(
     stride_ot, stride_oh, stride_pt, stride_ph, stride_ps,
     H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, CHUNK_D: tl.constexpr,
     UNROLL: tl.constexpr, DECODE_ONLY: tl.constexpr, BLOCK_N: tl.constexpr, BAND: tl.constexpr,
-    CHUNK: tl.constexpr, WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
+    CHUNK: tl.constexpr, WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, PDL: tl.constexpr,
 ):
-    if EARLY:
-        tl.extra.cuda.gdc_launch_dependents()   # a decode matmul follows: let it prefetch its weights meanwhile
     if PDL:
         tl.extra.cuda.gdc_wait()   # launched early (device.dependent_launch): the kernel ahead's writes land here
     # Rows are (token, head) pairs; each folds its own splits, up to the one holding pos. A row
@@ -612,6 +610,6 @@ def paged_attention_triton(
             H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=rows, CHUNK_D=chunk_d,
             UNROLL=min(max_unroll, triton.next_power_of_2(n_splits)), DECODE_ONLY=decode_only, BLOCK_N=BLOCK_N,
             BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, PDL=pdl, launch_pdl=pdl,
-            EARLY=pdl and T <= 16, num_warps=warps, enable_fp_fusion=FP_FUSION,
+            num_warps=warps, enable_fp_fusion=FP_FUSION,
         )
     return o

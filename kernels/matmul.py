@@ -55,11 +55,6 @@ CONFIGS = {
     "decode": (16, 64, 8, 4, "split"),
 }
 _GROUP_M = 8
-# Decode: B rows of the first steps a program prefetches into L2 before the kernel ahead ends,
-# for weights that fit in L2 (H200: the 0.6B shape's matmuls 1.05x faster a token; on the 8B
-# shape's, 35-235 MB, prefetching made a token 1.05x slower).
-_PREFETCH_STEPS = 8
-_PREFETCH_MAX_BYTES = 16 << 20
 # One 128x256 tile's time over two 128x128 tiles', H100 under sustained load (clocks held
 # down by the power cap, as in serving): 0.92-0.94 at K=4096/14336, N=4096/14336, M=2048-8192.
 _LARGE_TILE_TIME = 0.93
@@ -114,8 +109,10 @@ def _matmul_kernel(
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    GROUP_M: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()   # launched early (device.dependent_launch): the kernel ahead's writes land here
     # Grouped launch order so that consecutive programs share B tiles in L2.
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -145,16 +142,6 @@ def _matmul_kernel(
         first_segment = 0
         last_segment = SEGMENTS
     steps = tl.cdiv(K, BLOCK_K)
-    if PREFETCH:
-        # Launched while the kernel ahead still runs (it triggered early): the weights do not
-        # depend on it, so the first steps' B rows (one 128-byte line each) start for L2 now.
-        lines = b_ptr + (first_segment * SEGMENT_STEPS * BLOCK_K + offs_k).to(tl.int64) * stride_bk + pid_n * BLOCK_N
-        for k in range(first_segment * SEGMENT_STEPS, tl.minimum(first_segment * SEGMENT_STEPS + PREFETCH, steps)):
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [lines], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-            lines += BLOCK_K * stride_bk
-    if PDL:
-        tl.extra.cuda.gdc_wait()   # launched early (device.dependent_launch): the kernel ahead's writes land here
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for segment in range(first_segment, last_segment):
         part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -327,8 +314,6 @@ def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, s
         PARTIAL=parts is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
         PDL=dependent_launch(a.device), launch_pdl=dependent_launch(a.device),
-        PREFETCH=_PREFETCH_STEPS if dependent_launch(a.device) and M <= 16 and b.stride(1) == 1
-        and block_n * b.element_size() == 128 and K * N * b.element_size() <= _PREFETCH_MAX_BYTES else 0,
         num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION,
     )
 

@@ -25,10 +25,8 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
     H, stride_x, stride_res, stride_out, stride_res_out, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
-    if EARLY:
-        tl.extra.cuda.gdc_launch_dependents()   # a decode matmul follows: let it prefetch its weights meanwhile
     if PDL:
         tl.extra.cuda.gdc_wait()   # launched early (device.dependent_launch): the kernel ahead's writes land here
     row = tl.program_id(0).to(tl.int64)
@@ -94,8 +92,7 @@ def _rms_norm_triton(
         x, res, weight, out, res_dst,
         H, x.stride(0), res.stride(0), out.stride(0), res_dst.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, num_warps=_warps(block_h),
-        PDL=dependent_launch(x.device), launch_pdl=dependent_launch(x.device),
-        EARLY=dependent_launch(x.device) and M <= 16, enable_fp_fusion=FP_FUSION,
+        PDL=dependent_launch(x.device), launch_pdl=dependent_launch(x.device), enable_fp_fusion=FP_FUSION,
     )
     return out, res_out
 
