@@ -11,15 +11,14 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from kernels.device import dependent_launch
+from kernels.device import dependent_launch, wait_for_kernel_ahead
 
 BLOCK = 1024
 
 
 @triton.jit
 def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    if PDL:
-        tl.extra.cuda.gdc_wait()   # launched early (device.dependent_launch): the kernel ahead's writes land here
+    wait_for_kernel_ahead(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N

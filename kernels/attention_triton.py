@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.device import dependent_launch, sm_count
+from kernels.device import dependent_launch, sm_count, wait_for_kernel_ahead
 from kernels.toolchain import FP_FUSION
 
 # The constants that fix every row's summation order: changing any of them changes output
@@ -319,8 +319,7 @@ def _attention_kernel(
     ROWS: tl.constexpr = BLOCK_Q * G
     PADDED: tl.constexpr = ROWS != BLOCK_M
     PAIRS: tl.constexpr = DECODE and G <= 8  # see _pair_rows
-    if PDL:
-        tl.extra.cuda.gdc_wait()   # launched early (device.dependent_launch): the kernel ahead's writes land here
+    wait_for_kernel_ahead(PDL)
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
 
@@ -429,8 +428,7 @@ def _fold_partials_kernel(
     UNROLL: tl.constexpr, DECODE_ONLY: tl.constexpr, BLOCK_N: tl.constexpr, BAND: tl.constexpr,
     CHUNK: tl.constexpr, WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:
-        tl.extra.cuda.gdc_wait()   # launched early (device.dependent_launch): the kernel ahead's writes land here
+    wait_for_kernel_ahead(PDL)
     # Rows are (token, head) pairs; each folds its own splits, up to the one holding pos. A row
     # that has run out of splits folds the empty split (-inf, 0, 0): an exact no-op.
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton
+import triton.language as tl
 import triton.language.extra.cuda as triton_cuda
 
 
@@ -36,3 +38,11 @@ def dependent_launch(device: torch.device) -> bool:
 def _dependent_launch(index: int) -> bool:
     # A Triton without griddepcontrol also predates the launch_pdl option.
     return torch.cuda.get_device_capability(index)[0] >= 9 and hasattr(triton_cuda, "gdc_wait")
+
+
+@triton.jit
+def wait_for_kernel_ahead(PDL: tl.constexpr):
+    """In a kernel launched with launch_pdl=PDL (dependent_launch), before it touches memory:
+    the kernel ahead may still be running, and its writes are visible from here."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.device import dependent_launch
+from kernels.device import dependent_launch, wait_for_kernel_ahead
 from kernels.mode import get_mode, use_triton
 from kernels.toolchain import FP_FUSION
 
@@ -27,8 +27,7 @@ def _rms_norm_kernel(
     H, stride_x, stride_res, stride_out, stride_res_out, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:
-        tl.extra.cuda.gdc_wait()   # launched early (device.dependent_launch): the kernel ahead's writes land here
+    wait_for_kernel_ahead(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
@@ -88,11 +87,12 @@ def _rms_norm_triton(
     weight = weight.contiguous()
     if residual is not None and residual.stride(1) != 1:
         res = residual.contiguous()
+    pdl = dependent_launch(x.device)
     _rms_norm_kernel[(M,)](
         x, res, weight, out, res_dst,
         H, x.stride(0), res.stride(0), out.stride(0), res_dst.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, num_warps=_warps(block_h),
-        PDL=dependent_launch(x.device), launch_pdl=dependent_launch(x.device), enable_fp_fusion=FP_FUSION,
+        PDL=pdl, launch_pdl=pdl, enable_fp_fusion=FP_FUSION,
     )
     return out, res_out
 
