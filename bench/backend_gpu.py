@@ -176,11 +176,12 @@ def tables(results: list[dict], bandwidth: float) -> str:
              "floor: the weights and the mean step's KV over the copy bandwidth. step wall: from reading the "
              "previous step's tokens to reading this step's (the engine queues the next step before it reads "
              "one). host in step: the step's wall time less its GPU time, the host work the GPU waited for "
-             "(scheduling, block tables, staging, launches, and the hand-off: waiting for the HTTP side to "
-             "read the previous step's tokens, shown apart); outside: the engine loop between steps (waiting "
-             "for requests). Prefill steps are in the averages.", "",
+             "(scheduling, block tables, staging, launches). hand-off wait: the engine waiting for the HTTP "
+             "side to read the previous lot of tokens, mostly while the GPU works on the queued steps. "
+             "outside: the engine loop between steps (waiting for requests). Prefill steps are in the "
+             "averages.", "",
              "| model | mode | concurrent | tok/s | floor tok/s | of floor | step wall | GPU forward | GPU sampler "
-             "| sampler share of GPU | host in step | of which hand-off | host outside | TTFT p50 / p99 ms | ITL p50 / p99 ms |",
+             "| sampler share of GPU | host in step | hand-off wait | host outside | TTFT p50 / p99 ms | ITL p50 / p99 ms |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for mode in MODES:
@@ -190,7 +191,7 @@ def tables(results: list[dict], bandwidth: float) -> str:
                 share = f"{st['gpu_sampler_us'] / gpu:.1%}" if gpu else "-"
                 lines.append(f"| {r['shape']} | {mode} | {row['concurrency']} | {row['tok_per_s']} | {fl['tok_per_s']} "
                              f"| {row['decode_of_floor']} | {st['wall_us']} | {st['gpu_forward_us']} | "
-                             f"{st['gpu_sampler_us']} | {share} | {st['host_in_step_us']} | {st.get('handoff_wait_us', '-')} | {st['host_outside_step_us']} "
+                             f"{st['gpu_sampler_us']} | {share} | {st['host_in_step_us']} | {st['handoff_wait_us']} | {st['host_outside_step_us']} "
                              f"| {_ms(row['ttft_ms'])} | {_ms(row['itl_ms'])} |")
     lines += ["", "| model | long prompt | TTFT invariant ms | TTFT standard ms | invariant / standard |", "|---|---|---|---|---|"]
     for r in results:

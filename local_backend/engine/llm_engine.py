@@ -62,9 +62,6 @@ class _InFlight:
     scheduled: list[Scheduled]
     run: Launched
     at: list[int | None]   # where each sampled sequence's PENDING token sits (None: a scored prompt)
-    prefix_queries: int    # for its StepStats
-    prefix_hits: int
-    handoff_wait: float
 
 
 @dataclasses.dataclass
@@ -150,6 +147,9 @@ class Engine:
         self.outbox = Outbox()
         self._in_flight: _InFlight | None = None
         self._clock = 0.0   # when the last step's tokens were read: a step's wall time runs from there
+        # The prefix cache's lookups and hits, and the outbox's wait, when the last StepStats
+        # was written: each StepStats carries what accrued since (the metrics only sum them).
+        self._counted = (0, 0, 0.0)
 
     def info(self) -> EngineInfo:
         return EngineInfo(self.fingerprint, kernels.KERNEL_VERSION, self.toolchain, str(self.device),
@@ -170,8 +170,7 @@ class Engine:
         seq = Sequence(next(self._ids), list(prompt), len(prompt), params, use_prefix_cache=False)
         self.scheduler.add(seq)
         while seq.num_generated < n:
-            counts = self.blocks.queries, self.blocks.hits
-            self._collect(self._launch(self.scheduler.schedule(), counts))
+            self._collect(self._launch(self.scheduler.schedule()))
         self.scheduler.remove(seq)
         return seq.token_ids[seq.num_prompt_tokens:]
 
@@ -226,23 +225,20 @@ class Engine:
 
     def _step(self) -> None:
         """Queue the next step, then read the one before it (if any)."""
-        start = time.perf_counter()
-        counts = self.blocks.queries, self.blocks.hits
+        if self._in_flight is None:
+            self._clock = time.perf_counter()
         previous, self._in_flight = self._in_flight, None
         try:
             scheduled = self.scheduler.schedule()
-            if scheduled:
-                if previous is None:
-                    self._clock = start
-                self._in_flight = self._launch(scheduled, counts)
+            launched = self._launch(scheduled) if scheduled else None
             if previous:
                 self._collect(previous)
-            if self._in_flight and self._in_flight.run.waited:
-                current, self._in_flight = self._in_flight, None
-                self._collect(current)
+            if launched and launched.run.waited:
+                self._collect(launched)
+            else:
+                self._in_flight = launched
         except Exception as e:  # a failed step fails its requests, not the server
             log.exception("engine step failed")
-            self._in_flight = None
             self.runner.drain()
             self.outbox.lot.error = f"{type(e).__name__}: {e}"
             for seq in list(self._seqs.values()):
@@ -256,10 +252,8 @@ class Engine:
     def _ends_by_length(self, seq: Sequence, tokens: int) -> bool:
         return tokens - seq.num_prompt_tokens >= seq.params.max_tokens or tokens >= self.max_model_len
 
-    def _launch(self, scheduled: list[Scheduled], counts: tuple[int, int]) -> _InFlight:
-        """Queue a step and count its tokens as computed; each sampled sequence gets a PENDING
-        token. `counts`: the prefix cache's lookups and hits before the step was scheduled."""
-        waited = self.outbox.waited
+    def _launch(self, scheduled: list[Scheduled]) -> _InFlight:
+        """Queue a step and count its tokens as computed; each sampled sequence gets a PENDING token."""
         run = self.runner.launch(scheduled, self.outbox.send)
         self.scheduler.advance(scheduled)
         for seq_id, entries in run.prompt_logprobs.items():
@@ -273,8 +267,7 @@ class Engine:
                 at.append(len(seq))
                 seq.token_ids.append(PENDING)
                 seq.last_in_flight = self._ends_by_length(seq, len(seq))
-        return _InFlight(scheduled, run, at, self.blocks.queries - counts[0], self.blocks.hits - counts[1],
-                         self.outbox.waited - waited)
+        return _InFlight(scheduled, run, at)
 
     def _collect(self, step: _InFlight) -> None:
         """Read a step's tokens into its sequences, emit them, and end the sequences they end."""
@@ -301,11 +294,12 @@ class Engine:
         self.scheduler.register(step.scheduled)
         for seq in ended:
             self._finish(seq)
-        now = time.perf_counter()
+        now, counted = time.perf_counter(), (self.blocks.queries, self.blocks.hits, self.outbox.waited)
+        queries, hits, waited = (x - y for x, y in zip(counted, self._counted))
         self.outbox.lot.steps.append(StepStats(
             len(step.scheduled), generated, now - self._clock, self.blocks.num_used, len(self.scheduler.waiting),
-            step.prefix_queries, step.prefix_hits, output.gpu_seconds, step.handoff_wait))
-        self._clock = now
+            queries, hits, output.gpu_seconds, waited))
+        self._clock, self._counted = now, counted
 
     def _emit(self, seq: Sequence, event: Event) -> None:
         """Hold an event for its request, in order; the outbox sends it."""

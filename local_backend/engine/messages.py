@@ -34,10 +34,10 @@ class StepStats:
     seconds: float
     kv_blocks_used: int
     queue_depth: int
-    prefix_queries: int   # full prompt blocks looked up in the prefix cache during the step
+    prefix_queries: int   # full prompt blocks looked up in the prefix cache since the last StepStats
     prefix_hits: int
     gpu_seconds: dict     # phase ("forward", "sampler") -> seconds; empty without a GPU
-    handoff_wait: float   # of `seconds`, waiting for the HTTP side to read the last lot (outbox.py)
+    handoff_wait: float   # since the last StepStats, waiting for the HTTP side to read a lot (outbox.py)
 
 
 @dataclasses.dataclass

@@ -49,6 +49,7 @@ from local_backend.models.llama import AttentionBatch, Llama
 log = logging.getLogger(__name__)
 
 TOP_LOGPROBS = 20   # the most top_logprobs a request may ask for (protocol.py)
+OUTPUTS = ("tokens", "chosen", "top_lp", "top_ids")   # what _head returns: the tokens, then with logprobs the rest
 
 
 @dataclasses.dataclass
@@ -90,7 +91,6 @@ class Launched:
     """A step queued on the GPU whose tokens the host has not read yet (ModelRunner.finish)."""
     staged: _Staged
     slot: int                                  # its GPU marks and host output buffers
-    outputs: int                               # how many of tokens / chosen / top_lp / top_ids it copies back
     prompt_logprobs: dict[int, list[Sample]]   # seq_id -> this step's new entries (read at launch)
     waited: bool                               # the host already waited for its forward (see launch)
 
@@ -380,7 +380,7 @@ class ModelRunner:
         elif staged.sampled:
             outputs = self._head(len(staged.sampled), staged.filtered, staged.logprobs)
         n = len(staged.sampled)
-        for name, out in zip(("tokens", "chosen", "top_lp", "top_ids"), outputs):
+        for name, out in zip(OUTPUTS, outputs):
             outputs_host[name][:n].copy_(out[:n], non_blocking=True)
         if marks:
             marks[2].record(self.stream)
@@ -389,7 +389,7 @@ class ModelRunner:
         # Standard mode's torch sampler waits for the GPU to decide on filtering: then nothing is
         # left queued for the next step to overlap, and its tokens are best read at once.
         waited = not head and bool(staged.sampled) and kernels.get_mode() == "standard"
-        return Launched(staged, slot, len(outputs), self._prompt_logprobs(staged), waited)
+        return Launched(staged, slot, self._prompt_logprobs(staged), waited)
 
     def finish(self, step: Launched) -> StepOutput:
         """Wait for a launched step and read its tokens."""
@@ -397,7 +397,7 @@ class ModelRunner:
         gpu_seconds = self._wait(marks)
         self._in_flight[step.slot] = False
         n = len(step.staged.sampled)
-        host = [outputs_host[name][:n] for name in ("tokens", "chosen", "top_lp", "top_ids")[:step.outputs]]
+        host = [outputs_host[name][:n] for name in OUTPUTS[:len(OUTPUTS) if step.staged.logprobs else 1]]
         return StepOutput(step.staged.sampled, self._samples(step.staged, host) if n else [], gpu_seconds)
 
     def drain(self) -> None:

@@ -28,16 +28,13 @@ def engine_with_events(checkpoints):
 
 def serve(engine, params, ahead: bool, between=lambda step: None) -> None:
     for i, (prompt, p) in enumerate(zip(PROMPTS, params)):
-        engine.command(("add", i, prompt, p))
-    while not engine._inbox.empty():
-        engine._command(engine._inbox.get())
+        engine._command(("add", i, prompt, p))
     step = 0
     while engine.scheduler.has_work() or engine._in_flight:
         if ahead:
             engine._step()
         else:
-            counts = engine.blocks.queries, engine.blocks.hits
-            engine._collect(engine._launch(engine.scheduler.schedule(), counts))
+            engine._collect(engine._launch(engine.scheduler.schedule()))
         step += 1
         between(step)
     engine.outbox.send()
