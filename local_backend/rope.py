@@ -1,4 +1,5 @@
-"""RoPE settings as config.json states them, in either layout, and the frequencies they give.
+"""RoPE settings as config.json states them, in either layout (the frequencies they give:
+models/rope_frequencies.py, on the engine's side; this module needs no torch).
 
 transformers 5 writes `rope_parameters: {rope_type, rope_theta, factor, ...}`; earlier
 versions wrote a top-level `rope_theta` and an optional `rope_scaling: {type | rope_type,
@@ -9,12 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
 
 from local_backend.errors import CheckpointError
-
-if TYPE_CHECKING:   # the HTTP side reads the settings; only the engine computes frequencies
-    import torch
 
 # The fields each type needs besides rope_theta ("original_max_position_embeddings" may
 # also come from the config's max_position_embeddings, as transformers reads it).
@@ -35,20 +32,6 @@ class Rope:
 
     def get(self, name: str, default=None):
         return dict(self.params).get(name, default)
-
-    def inv_freq(self, head_dim: int) -> torch.Tensor:
-        """fp64 [head_dim / 2] angular frequencies."""
-        import torch
-        base = 1.0 / (self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        if self.kind == "linear":
-            return base / self.get("factor")
-        if self.kind == "llama3":
-            return _llama3(base, self)
-        if self.kind == "yarn":
-            return _yarn(base, self, head_dim)
-        # "dynamic" rescales theta only once a sequence passes max_position_embeddings, and
-        # the engine never serves past it (Engine.max_model_len).
-        return base
 
     @property
     def attention_factor(self) -> float:
@@ -102,39 +85,5 @@ def parse(raw: dict, where: str) -> Rope:
     return Rope(kind, float(theta), tuple(sorted(params.items())))
 
 
-def _llama3(inv_freq: torch.Tensor, rope: Rope) -> torch.Tensor:
-    # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
-    import torch
-    factor = rope.get("factor")
-    low, high = rope.get("low_freq_factor"), rope.get("high_freq_factor")
-    old_len = rope.get("original_max_position_embeddings")
-    wavelen = 2 * math.pi / inv_freq
-    smooth = (old_len / wavelen - low) / (high - low)
-    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    out = torch.where(wavelen > old_len / low, inv_freq / factor, blended)
-    return torch.where(wavelen < old_len / high, inv_freq, out)
-
-
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def _yarn(inv_freq: torch.Tensor, rope: Rope, head_dim: int) -> torch.Tensor:
-    # YaRN: dimensions that turn fewer than beta_slow times over the pretraining length are
-    # interpolated (slowed by `factor`), those turning more than beta_fast times kept, and
-    # a linear ramp over the dimension index blends the band between.
-    import torch
-    factor, old_len = rope.get("factor"), rope.get("original_max_position_embeddings")
-    fast, slow = rope.get("beta_fast") or 32, rope.get("beta_slow") or 1
-
-    def dim_turning(turns):   # the (fractional) dimension index that turns `turns` times over old_len
-        return head_dim * math.log(old_len / (turns * 2 * math.pi)) / (2 * math.log(rope.theta))
-
-    low, high = dim_turning(fast), dim_turning(slow)
-    if rope.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, head_dim - 1)
-    if low == high:
-        high += 0.001
-    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-    return inv_freq / factor * ramp + inv_freq * (1 - ramp)

@@ -15,6 +15,7 @@ import torch
 import kernels
 from kernels.norm import rms_norm_residual
 from local_backend.config import ModelConfig
+from local_backend.models.rope_frequencies import inv_freq
 
 
 @dataclasses.dataclass
@@ -55,7 +56,7 @@ class Llama:
         self.cfg = cfg
         self.w = weights
         device = weights.embed.device
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), cfg.rope.inv_freq(cfg.head_dim))
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq(cfg.rope, cfg.head_dim))
         self.cos = (angles.cos() * cfg.rope.attention_factor).float().to(device)   # [P, D/2]
         self.sin = (angles.sin() * cfg.rope.attention_factor).float().to(device)
         self.q_size = cfg.num_heads * cfg.head_dim

@@ -13,6 +13,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 from conftest import SPECIALS, bpe_tokenizer, make_engine, tiny_shape
 from local_backend.config import ModelConfig
 from local_backend.errors import CheckpointError
+from local_backend.models.rope_frequencies import inv_freq
 from local_backend.random_checkpoint import config_json, write_checkpoint
 
 ROPE_TYPES = {
@@ -44,7 +45,7 @@ def test_rope_matches_transformers(name, layout, tmp_path):
     assert ours.kind == (scaling or {}).get("rope_type", "default") and ours.theta == 500000.0
     theirs = LlamaRotaryEmbedding(LlamaConfig(**cfg))   # transformers reads either layout too
     # transformers computes the frequencies in fp32, the backend in fp64
-    assert torch.allclose(ours.inv_freq(128), theirs.inv_freq.double(), rtol=1e-6, atol=0)
+    assert torch.allclose(inv_freq(ours, 128), theirs.inv_freq.double(), rtol=1e-6, atol=0)
     assert ours.attention_factor == pytest.approx(theirs.attention_scaling, rel=1e-6)
 
 
@@ -54,7 +55,7 @@ def test_qwen2_old_layout_rope_scaling_with_type_key(tmp_path):
     ours = checkpoint_config(tmp_path, cfg).rope
     theirs = Qwen2RotaryEmbedding(Qwen2Config(**cfg))
     assert ours.kind == "yarn"
-    assert torch.allclose(ours.inv_freq(128), theirs.inv_freq.double(), rtol=1e-6, atol=0)
+    assert torch.allclose(inv_freq(ours, 128), theirs.inv_freq.double(), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("rope, message", [
