@@ -67,9 +67,10 @@ def sample(logits, seeds, steps, temperature, top_k, top_p, filtered: bool | Non
     logits [B, V] fp32/bf16; seeds, steps int64 [B]; temperature fp32 [B];
     top_k int32 [B] (0 = off); top_p fp32 [B] (1.0 = off). Returns int64 [B].
     filtered: whether any row filters (row_filters), when the caller knows it on the
-    host; None finds out with one device sync. The invariant kernels launch the top-k /
-    top-p machinery only when it is true, and trust it: a row that filters in a batch
-    passed filtered=False is drawn unfiltered. The token never depends on it otherwise.
+    host; None finds out with one device sync. Both the invariant kernels and standard mode's
+    sampler run the top-k / top-p machinery only when it is true, and trust it: a row that
+    filters in a batch passed filtered=False is drawn unfiltered. The token never depends on
+    it otherwise.
     """
     _check_logits(logits)
     batch = logits.shape[0]
@@ -77,12 +78,12 @@ def sample(logits, seeds, steps, temperature, top_k, top_p, filtered: bool | Non
                     ("top_k", top_k), ("top_p", top_p)):
         if t.shape != (batch,):
             raise ValueError(f"{name} must have shape ({batch},), got {tuple(t.shape)}")
+    if filtered is None and (use_triton(logits) or get_mode() == "standard"):
+        filtered = bool(row_filters(temperature, top_k, top_p, logits.shape[-1]).any())
     if use_triton(logits):
-        if filtered is None:
-            filtered = bool(row_filters(temperature, top_k, top_p, logits.shape[-1]).any())
         return sampling_triton.sample(logits, seeds, steps, temperature, top_k, top_p, filtered)
     if get_mode() == "standard":
-        return sample_standard(logits, temperature, top_k, top_p)
+        return sample_standard(logits, temperature, top_k, top_p, filtered)
     return sample_reference(logits, seeds, steps, temperature, top_k, top_p)
 
 
@@ -171,12 +172,12 @@ def sample_reference(logits, seeds, steps, temperature, top_k, top_p) -> torch.T
     return torch.where(temperature.to(cdf.device) <= 0, argmax_torch(logits.float()), drawn)
 
 
-def sample_standard(logits, temperature, top_k, top_p) -> torch.Tensor:
-    """The stock torch sampler: softmax + multinomial from the global generator, no per-row seed."""
+def sample_standard(logits, temperature, top_k, top_p, filtered: bool) -> torch.Tensor:
+    """The stock torch sampler: softmax + multinomial from the global generator, no per-row seed.
+    Like the stock engines it sorts only when some row filters, which the caller knows (sample)."""
     greedy = temperature <= 0
     scaled = scale(logits, temperature)
-    # Like the stock engines, skip the sort when no row filters (a host sync, acceptable in the baseline).
-    if bool((((top_k > 0) & (top_k < logits.shape[-1])) | (top_p < 1.0)).any()):
+    if filtered:
         scaled = torch.where(keep_mask(scaled, top_k, top_p), scaled, float("-inf"))
     drawn = torch.multinomial(torch.softmax(scaled, dim=-1), 1).view(-1)
     return torch.where(greedy, torch.argmax(logits, dim=-1), drawn)

@@ -10,8 +10,7 @@ k runs, and only then reads step k's tokens. A sequence's token from step k is P
 token list until then, and step k+1 takes it on the GPU. What the host cannot know yet costs
 little: a sequence that step k ends with end-of-sequence computes one more token, which is
 dropped; one that ends by length is not scheduled again (Sequence.last_in_flight). A row's
-bits do not depend on which step or batch computed it, so this changes no output. A step
-whose launch already waited for the GPU (standard mode's sampler) is read at once.
+bits do not depend on which step or batch computed it, so this changes no output.
 With --audit-rate R, a fraction R of finished requests
 is later re-run when the engine is idle, alone and cold, and the tokens compared with
 what was served.
@@ -233,10 +232,7 @@ class Engine:
             launched = self._launch(scheduled) if scheduled else None
             if previous:
                 self._collect(previous)
-            if launched and launched.run.waited:
-                self._collect(launched)
-            else:
-                self._in_flight = launched
+            self._in_flight = launched
         except Exception as e:  # a failed step fails its requests, not the server
             log.exception("engine step failed")
             self.runner.drain()

@@ -92,7 +92,6 @@ class Launched:
     staged: _Staged
     slot: int                                  # its GPU marks and host output buffers
     prompt_logprobs: dict[int, list[Sample]]   # seq_id -> this step's new entries (read at launch)
-    waited: bool                               # the host already waited for its forward (see launch)
 
 
 class ModelRunner:
@@ -362,8 +361,8 @@ class ModelRunner:
         if marks:
             marks[0].record(self.stream)
         graph = self.forward_graphs[forward] if forward else self.prefill_graphs[prefill] if prefill else None
-        # The hand-over goes before the step's first eager part (eager launches are host work,
-        # and standard mode's torch sampler waits for the GPU), else after the last graph.
+        # The hand-over goes before the step's first eager part (eager launches are host work),
+        # else after the last graph.
         if graph is None:
             launched()
             self._forward(staged.seqs, staged.tokens, staged.max_q_len, staged.max_kv_len)
@@ -386,10 +385,7 @@ class ModelRunner:
             marks[2].record(self.stream)
         if graph is not None and head:
             launched()
-        # Standard mode's torch sampler waits for the GPU to decide on filtering: then nothing is
-        # left queued for the next step to overlap, and its tokens are best read at once.
-        waited = not head and bool(staged.sampled) and kernels.get_mode() == "standard"
-        return Launched(staged, slot, self._prompt_logprobs(staged), waited)
+        return Launched(staged, slot, self._prompt_logprobs(staged))
 
     def finish(self, step: Launched) -> StepOutput:
         """Wait for a launched step and read its tokens."""
