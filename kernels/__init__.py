@@ -2,7 +2,6 @@
 
 Public API (everything else in detgate relies only on these names):
   matmul(a, b, bias=None)            a: [M, K], b: [K, N] -> [M, N]
-  silu_mul_matmul(x, b)              matmul(silu_mul(x), b), one launch at decode
   rms_norm(x, weight, eps)           one row per program
   rms_norm_residual(x, res, w, eps)  fused residual add + RMSNorm -> (normed, x + res)
   store_kv / paged_attention         paged KV cache write and causal attention
@@ -14,7 +13,7 @@ Public API (everything else in detgate relies only on these names):
   toolchain(device)                  the compiler versions that, with KERNEL_VERSION, fix the bits
 """
 from kernels.mode import get_mode, mode, set_mode
-from kernels.matmul import matmul, silu_mul_matmul
+from kernels.matmul import matmul
 from kernels.norm import rms_norm, rms_norm_residual
 from kernels.attention import attention_plan, paged_attention, store_kv
 from kernels.activation import silu_mul
@@ -28,5 +27,5 @@ KERNEL_VERSION = "7"
 __all__ = [
     "KERNEL_VERSION", "argmax", "attention_plan", "get_mode", "log_softmax", "logsumexp", "matmul", "mode",
     "paged_attention", "rms_norm", "rms_norm_residual", "rope_store_kv", "sample", "set_mode", "silu_mul",
-    "silu_mul_matmul", "store_kv", "toolchain",
+    "store_kv", "toolchain",
 ]

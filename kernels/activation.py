@@ -24,21 +24,9 @@ def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexp
     mask = cols < N
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * stride_x + N + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * stride_out + cols, silu_times(gate, up, False), mask=mask)
-
-
-@triton.jit
-def silu_times(gate, up, NUMPY_EXP: tl.constexpr):
-    """silu(gate) * up in gate's dtype, with the roundings the module's docstring names. A kernel
-    that calls it must be compiled with enable_fp_fusion=False: a contracted expf gives other bits.
-    NUMPY_EXP: under the interpreter, which has no libdevice, numpy's expf stands in (tests)."""
     g = gate.to(tl.float32)
-    if NUMPY_EXP:
-        e = tl.exp(-g)
-    else:
-        e = libdevice.exp(-g)
-    silu = tl.div_rn(g, 1.0 + e).to(gate.dtype)
-    return (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
+    silu = tl.div_rn(g, 1.0 + libdevice.exp(-g)).to(gate.dtype)
+    tl.store(out_ptr + row * stride_out + cols, (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)
 
 
 def silu_mul(x: torch.Tensor) -> torch.Tensor:

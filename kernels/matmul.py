@@ -26,9 +26,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.activation import silu_mul, silu_times
 from kernels.device import dependent_launch, sm_count, wait_for_kernel_ahead
-from kernels.mode import get_mode, interpreting, use_triton
+from kernels.mode import get_mode, use_triton
 from kernels.toolchain import FP_FUSION
 
 # These constants fix the summation order over K. Changing one changes the bits
@@ -109,13 +108,10 @@ def _matmul_kernel(
     M, N, K, SEGMENTS, SEGMENT_STEPS,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PARTIAL: tl.constexpr,
-    SILU_A: tl.constexpr, NUMPY_EXP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_kernel_ahead(PDL)
-    # SILU_A: a is one row [gate | up], each K wide; the A operand is silu(gate) * up
-    # (silu_mul_matmul), computed once per K step, not once per tile row.
     # Grouped launch order so that consecutive programs share B tiles in L2.
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -153,22 +149,12 @@ def _matmul_kernel(
         b_ptrs = b_first + first_step.to(tl.int64) * BLOCK_K * stride_bk
         for k in range(first_step, tl.minimum(first_step + SEGMENT_STEPS, steps)):
             if EVEN_K:
-                k_ok = offs_k < BLOCK_K
-            else:
-                k_ok = offs_k < K - k * BLOCK_K
-            if SILU_A:   # silu(0) * 0 = 0: the K tail stays zero
-                row = a_ptr + (k * BLOCK_K + offs_k) * stride_ak
-                gate = tl.load(row, mask=k_ok, other=0.0)
-                up = tl.load(row + K * stride_ak, mask=k_ok, other=0.0)
-                a = tl.broadcast_to(silu_times(gate, up, NUMPY_EXP)[None, :], (BLOCK_M, BLOCK_K))
-            elif EVEN_K:
                 a = tl.load(a_ptrs)
-            else:
-                a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-            if EVEN_K:
                 b = tl.load(b_ptrs)
             else:
-                b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+                k_left = K - k * BLOCK_K
+                a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
             if IEEE:
                 part = tl.dot(a, b, part, input_precision="ieee")
             else:
@@ -315,9 +301,8 @@ def _launch_tma(a, b, bias, c, segments, block_m, block_n, block_k, warps, stage
     )
 
 
-def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts=None, counts=None,
-                    silu=False):
-    M, K = c.shape[0], b.shape[0]
+def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts=None, counts=None):
+    M, K = a.shape
     N = b.shape[1]
     grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n), segments[0] if parts is not None else 1)
     pdl = dependent_launch(a.device)
@@ -326,12 +311,10 @@ def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, s
         M, N, K, *segments,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0, IEEE=a.dtype == torch.float32,
-        PARTIAL=parts is not None, SILU_A=silu, NUMPY_EXP=silu and interpreting(),
+        PARTIAL=parts is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
         PDL=pdl, launch_pdl=pdl,
-        # silu's expf must not be contracted (silu_times); the rest of the kernel has no a * b + c
-        # outside its dots, so the choice moves no other bit.
-        num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION and not silu,
+        num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION,
     )
 
 
@@ -350,19 +333,18 @@ def _tile_counts(device: torch.device, tiles: int) -> torch.Tensor:
     return counts
 
 
-def _launch_split(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, silu=False):
+def _launch_split(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages):
     """A program per (tile, K segment), in one launch: see PARTIAL in _matmul_kernel."""
     M, N = c.shape
     parts = torch.empty((segments[0], M, N), dtype=torch.float32, device=a.device)
     counts = _tile_counts(a.device, triton.cdiv(M, block_m) * triton.cdiv(N, block_n))
-    _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts, counts, silu)
+    _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts, counts)
 
 
-def _matmul_triton(a, b, bias, config=None, silu=False):
+def _matmul_triton(a, b, bias, config=None):
     """`config` overrides the dispatch, for the benchmark's sweep and the tests
-    that check every config gives the same bits. silu: a is [gate | up], and the
-    product is silu_mul(a) @ b (silu_mul_matmul)."""
-    M, K = a.shape[0], b.shape[0]
+    that check every config gives the same bits."""
+    M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), dtype=a.dtype, device=a.device)
     if M == 0 or N == 0:
@@ -371,17 +353,14 @@ def _matmul_triton(a, b, bias, config=None, silu=False):
         return c.copy_(bias.expand(M, N)) if bias is not None else c.zero_()
     segments = k_segments(K, N, a.dtype)
     block_m, block_n, warps, stages, kernel = config or _config(M, N, a.dtype, a.device)
-    if silu and (kernel != "split" or M > 1):
-        # Fused, each program applies silu once per K step for each of its A tile's 16 rows, and
-        # every N tile again: with all 16 rows computed, one 8B decode step took 8.7 ms, not 4.6.
-        a, silu = silu_mul(a), False
     tma_ok = a.stride(1) == 1 and _tma_ready(a) and _tma_ready(b) and _tma_ready(c)
     if kernel == "split" and segments[0] > 1:
-        _launch_split(a, b, bias, c, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages, silu)
+        launch = _launch_split
     elif kernel == "tma" and tma_ok:
-        _launch_tma(a, b, bias, c, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
+        launch = _launch_tma
     else:
-        _launch_pointer(a, b, bias, c, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages, silu=silu)
+        launch = _launch_pointer
+    launch(a, b, bias, c, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
     return c
 
 
@@ -401,16 +380,3 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -
     if get_mode() == "standard":
         return _matmul_standard(a, b, bias)
     return _matmul_torch(a, b, bias)
-
-
-def silu_mul_matmul(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """matmul(silu_mul(x), b) with its bits, x = [gate | up] [M, 2K], b [K, N]: a SwiGLU MLP's
-    down projection. For one row on a GPU (a decode step of one sequence) the matmul's programs
-    apply silu(gate) * up as they load A, so the activation is never written and the layer
-    launches one kernel fewer."""
-    if x.dim() != 2 or x.shape[1] % 2:
-        raise ValueError(f"x must be [M, 2K] = [gate | up], got {tuple(x.shape)}")
-    _check(x[:, :x.shape[1] // 2], b, None)
-    if use_triton(x, b):
-        return _matmul_triton(x, b, None, silu=True)
-    return matmul(silu_mul(x), b)

@@ -3,8 +3,8 @@
 Every reduction (matmul, RMSNorm, attention, the logits) goes through `kernels`, whose
 invariant mode makes a row's bits independent of the batch around it. The rest is
 elementwise and batch-invariant by nature: the embedding gather in torch, RoPE (fused with
-the q/k norms and the KV write) in one launch, SiLU*mul inside the down projection's at
-decode, the residual adds inside the norms. Fused or not, each of them gives the same bits.
+the q/k norms and the KV write) and SiLU*mul in one launch each, the residual adds inside
+the norms. Fused or not, each of them gives the same bits.
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class Llama:
         return kernels.matmul(o.reshape(t, self.q_size), layer.o)
 
     def mlp(self, layer: Layer, x):
-        return kernels.silu_mul_matmul(kernels.matmul(x, layer.gate_up), layer.down)
+        return kernels.matmul(kernels.silu_mul(kernels.matmul(x, layer.gate_up)), layer.down)
 
     def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
         """Hidden states [T, H] after the final norm, one row per input token."""

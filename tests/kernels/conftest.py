@@ -4,7 +4,6 @@ Without CUDA the Triton kernels run under the interpreter, which must be
 switched on before any kernel module is imported (triton.jit reads it when a
 kernel is defined), so it is set here, at collection, rather than in a fixture.
 """
-import importlib
 import os
 import zlib
 
@@ -40,13 +39,3 @@ def randn(gen, device):
     def draw(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
     return draw
-
-
-@pytest.fixture
-def small_segments(monkeypatch):
-    """The matmul's split rule at test sizes: a segment per BLOCK_K step, as many as there are steps."""
-    # Imported here, not at the top: the interpreter must be on before the kernels load. The
-    # module, not the function that `kernels` exports under the same name.
-    module = importlib.import_module("kernels.matmul")
-    monkeypatch.setattr(module, "_MIN_SEGMENT_STEPS", 1)
-    monkeypatch.setattr(module, "_SPLIT_PROGRAMS", 1 << 20)
