@@ -390,6 +390,19 @@ def test_standard_mode_is_the_stock_torch_sampler(gen, device):
     assert torch.equal(drawn[greedy], torch.argmax(x, dim=-1)[greedy])
 
 
+def test_standard_mode_takes_filtered_from_the_caller(gen, device, monkeypatch):
+    # The engine knows from the requests whether any row filters: asked of the tensors instead,
+    # the answer would wait for the GPU, and the host could not queue the next step meanwhile.
+    x = _tied_logits(gen, 8, 100, device)
+    args = _params(gen, 8, device, greedy_every=2)
+    filtered = bool(sampling.row_filters(*args[2:], x.shape[-1]).any())
+    monkeypatch.setattr(sampling, "row_filters", lambda *a: pytest.fail("asked the tensors"))
+    with mode("standard"):
+        drawn = sampling.sample(x, *args, filtered=filtered)
+    keep = sampling.keep_mask(sampling.scale(x, args[2]), args[3], args[4])
+    assert keep.gather(1, drawn.view(-1, 1)).all()
+
+
 def test_bad_shapes_are_rejected(device):
     x = torch.zeros(2, 10, device=device)
     ones = torch.ones(2, device=device)

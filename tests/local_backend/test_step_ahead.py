@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import random
 
+import torch
+
+import kernels
 from conftest import make_engine
 from local_backend.engine.sequence import PENDING
 from local_backend.sampling_params import SamplingParams
@@ -12,8 +15,8 @@ from local_backend.sampling_params import SamplingParams
 PROMPTS = [[random.Random(i).randrange(1, 300) for _ in range(20 + 7 * i)] for i in range(4)]
 
 
-def engine_with_events(checkpoints):
-    engine = make_engine(checkpoints["qwen3"])
+def engine_with_events(checkpoints, **config):
+    engine = make_engine(checkpoints["qwen3"], **config)
     engine.max_batch = engine.scheduler.max_batch = 4
     events: dict[int, list] = {}
 
@@ -60,6 +63,27 @@ def test_ahead_serves_what_reading_each_step_first_serves(checkpoints):
     assert [len(tokens(ahead[i])) for i in range(4)] == [3, 5, 7, 9]
     assert [ahead[i][-1].finish_reason for i in range(4)] == ["length"] * 4
     assert engine.blocks.num_used == 0 and not engine.scheduler.has_work()
+
+
+def test_standard_mode_runs_a_step_ahead_too(checkpoints):
+    # Its torch sampler is told on the host whether a row filters, so its launch does not wait
+    # for the GPU either. It draws from torch's global generator: seeded alike, both runs draw alike.
+    params = [SamplingParams(seed=i, max_tokens=4 + i, temperature=0.8 * (i % 2), top_k=3 * (i // 2), ignore_eos=True)
+              for i in range(4)]
+    with kernels.mode("standard"):
+        engine, ahead = engine_with_events(checkpoints, mode="standard")
+        order = []
+        launch = engine.runner.launch
+        engine.runner.launch = lambda *a: order.append("launch") or launch(*a)
+        engine.runner.finish = lambda *a, finish=engine.runner.finish: order.append("finish") or finish(*a)
+        torch.manual_seed(0)
+        serve(engine, params, ahead=True)
+        reference, each_first = engine_with_events(checkpoints, mode="standard")
+        torch.manual_seed(0)
+        serve(reference, params, ahead=False)
+    assert "launch,launch" in ",".join(order)
+    assert ahead == each_first
+    assert [len(tokens(ahead[i])) for i in range(4)] == [4, 5, 6, 7]
 
 
 def test_a_sequence_ended_by_end_of_sequence_drops_the_token_computed_after_it(checkpoints):
