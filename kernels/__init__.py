@@ -2,6 +2,8 @@
 
 Public API (everything else in detgate relies only on these names):
   matmul(a, b, bias=None)            a: [M, K], b: [K, N] -> [M, N]
+  launches_early(b)                  whether the kernel ahead of a decode matmul over b lets it launch
+                                     early (the `early` of rms_norm_residual, silu_mul, paged_attention)
   rms_norm(x, weight, eps)           one row per program
   rms_norm_residual(x, res, w, eps)  fused residual add + RMSNorm -> (normed, x + res)
   store_kv / paged_attention         paged KV cache write and causal attention
@@ -13,7 +15,7 @@ Public API (everything else in detgate relies only on these names):
   toolchain(device)                  the compiler versions that, with KERNEL_VERSION, fix the bits
 """
 from kernels.mode import get_mode, mode, set_mode
-from kernels.matmul import matmul
+from kernels.matmul import launches_early, matmul
 from kernels.norm import rms_norm, rms_norm_residual
 from kernels.attention import attention_plan, paged_attention, store_kv
 from kernels.activation import silu_mul
@@ -25,7 +27,7 @@ from kernels.toolchain import toolchain
 KERNEL_VERSION = "7"
 
 __all__ = [
-    "KERNEL_VERSION", "argmax", "attention_plan", "get_mode", "log_softmax", "logsumexp", "matmul", "mode",
+    "KERNEL_VERSION", "argmax", "attention_plan", "get_mode", "launches_early", "log_softmax", "logsumexp", "matmul", "mode",
     "paged_attention", "rms_norm", "rms_norm_residual", "rope_store_kv", "sample", "set_mode", "silu_mul",
     "store_kv", "toolchain",
 ]

@@ -11,13 +11,15 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from kernels.device import dependent_launch, wait_for_kernel_ahead
+from kernels.device import dependent_launch, early_launch, let_dependents_launch, wait_for_kernel_ahead
 
 BLOCK = 1024
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr,
+                     EARLY: tl.constexpr):
+    let_dependents_launch(EARLY)
     wait_for_kernel_ahead(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -29,8 +31,9 @@ def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexp
     tl.store(out_ptr + row * stride_out + cols, (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)
 
 
-def silu_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_mul(x: torch.Tensor, early: bool = False) -> torch.Tensor:
     """x [T, 2N] = [gate | up] -> silu(gate) * up [T, N], in x's dtype, in both kernel modes.
+    early: a matmul that prefetches follows (kernels.matmul.prefetches).
 
     CUDA runs the fused kernel; elsewhere (the CPU, where the interpreter has no libdevice)
     torch does.
@@ -44,5 +47,6 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     pdl = dependent_launch(x.device)
     if t and n:
         _silu_mul_kernel[(t, triton.cdiv(n, BLOCK))](x, out, n, x.stride(0), out.stride(0), BLOCK=BLOCK,
-                                                   PDL=pdl, launch_pdl=pdl, num_warps=4, enable_fp_fusion=False)
+                                                   PDL=pdl, launch_pdl=pdl, EARLY=early_launch(early, x),
+                                                   num_warps=4, enable_fp_fusion=False)
     return out

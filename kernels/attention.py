@@ -45,7 +45,7 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
 
 def paged_attention(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale=None, *,
-    max_q_len=None, max_kv_len=None, plan=None,
+    max_q_len=None, max_kv_len=None, plan=None, early=False,
 ) -> torch.Tensor:
     """Causal attention of packed queries q [T, H, D] over a paged KV cache; returns [T, H, D].
 
@@ -54,7 +54,8 @@ def paged_attention(
     over a cached prefix, decode (q_len 1) and mixes of them are one call.
     Pass max_q_len / max_kv_len (host-side upper bounds) to avoid a device sync,
     e.g. under CUDA-graph capture, and `plan` (attention_plan of the same batch) to share
-    work between the layers of one forward pass.
+    work between the layers of one forward pass. early: a matmul that gains from launching
+    early follows (kernels.matmul.launches_early).
     """
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if max_q_len is None:
@@ -63,7 +64,7 @@ def paged_attention(
         max_kv_len = int(kv_lens.max())
     args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale)
     if use_triton(q, k_cache, v_cache):
-        return paged_attention_triton(*args, max_q_len=max_q_len, max_kv_len=max_kv_len)
+        return paged_attention_triton(*args, max_q_len=max_q_len, max_kv_len=max_kv_len, early=early)
     if get_mode() == "standard" and attention_vendor.supported(q):
         plan = plan or attention_vendor.plan(k_cache, block_tables, kv_lens, max_kv_len)
         return attention_vendor.paged_attention_flash(q, k_cache, v_cache, cu_seqlens_q, scale, plan,

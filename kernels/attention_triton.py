@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.device import dependent_launch, sm_count, wait_for_kernel_ahead
+from kernels.device import dependent_launch, early_launch, let_dependents_launch, sm_count, wait_for_kernel_ahead
 from kernels.toolchain import FP_FUSION
 
 # The constants that fix every row's summation order: changing any of them changes output
@@ -426,8 +426,9 @@ def _fold_partials_kernel(
     stride_ot, stride_oh, stride_pt, stride_ph, stride_ps,
     H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, CHUNK_D: tl.constexpr,
     UNROLL: tl.constexpr, DECODE_ONLY: tl.constexpr, BLOCK_N: tl.constexpr, BAND: tl.constexpr,
-    CHUNK: tl.constexpr, WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, PDL: tl.constexpr,
+    CHUNK: tl.constexpr, WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
 ):
+    let_dependents_launch(EARLY)
     wait_for_kernel_ahead(PDL)
     # Rows are (token, head) pairs; each folds its own splits, up to the one holding pos. A row
     # that has run out of splits folds the empty split (-inf, 0, 0): an exact no-op.
@@ -520,7 +521,7 @@ def _n_iter(n: int) -> int:
 def paged_attention_triton(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, *,
     max_q_len: int, max_kv_len: int, split_per_program: bool | None = None,
-    splits_per_program: tuple[int, int] | None = None, config: tuple[int, int] | None = None,
+    splits_per_program: tuple[int, int] | None = None, config: tuple[int, int] | None = None, early: bool = False,
 ) -> torch.Tensor:
     """split_per_program: None lets the wrapper choose; True takes the split path wherever its
     partials fit in _MAX_PARTIALS_BYTES. Both paths give identical bits, and so does every
@@ -608,6 +609,6 @@ def paged_attention_triton(
             H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=rows, CHUNK_D=chunk_d,
             UNROLL=min(max_unroll, triton.next_power_of_2(n_splits)), DECODE_ONLY=decode_only, BLOCK_N=BLOCK_N,
             BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, PDL=pdl, launch_pdl=pdl,
-            num_warps=warps, enable_fp_fusion=FP_FUSION,
+            EARLY=early_launch(early, q), num_warps=warps, enable_fp_fusion=FP_FUSION,
         )
     return o

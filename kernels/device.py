@@ -40,6 +40,22 @@ def _dependent_launch(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9 and hasattr(triton_cuda, "gdc_wait")
 
 
+def early_launch(early: bool, x: torch.Tensor) -> bool:
+    """EARLY for a kernel over the rows of x whose caller asks for `early` (a matmul that gains
+    follows: kernels.matmul.launches_early): only where dependent launches run, and at decode
+    (at most 16 rows), the one place it was measured."""
+    return early and x.shape[0] <= 16 and dependent_launch(x.device)
+
+
+@triton.jit
+def let_dependents_launch(EARLY: tl.constexpr):
+    """At a kernel's top, with EARLY: the kernel behind it, a dependent launch, may launch now
+    instead of once this one drains. It still waits for this one's writes before it reads them
+    (wait_for_kernel_ahead), so no bit moves."""
+    if EARLY:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
 @triton.jit
 def wait_for_kernel_ahead(PDL: tl.constexpr):
     """In a kernel launched with launch_pdl=PDL (dependent_launch), before it touches memory:

@@ -55,6 +55,10 @@ CONFIGS = {
     "decode": (16, 64, 8, 4, "split"),
 }
 _GROUP_M = 8
+# A decode matmul over at most this many weight bytes gains from launching while the kernel ahead
+# of it still runs (launches_early): on an H200, one 0.6B request (weights of 4-13 MB a matmul)
+# +5%, one 8B request (33-235 MB) -5% (bench/results/backend_early_launch_ab.md).
+_EARLY_MAX_BYTES = 16 << 20
 # One 128x256 tile's time over two 128x128 tiles', H100 under sustained load (clocks held
 # down by the power cap, as in serving): 0.92-0.94 at K=4096/14336, N=4096/14336, M=2048-8192.
 _LARGE_TILE_TIME = 0.93
@@ -362,6 +366,12 @@ def _matmul_triton(a, b, bias, config=None):
         launch = _launch_pointer
     launch(a, b, bias, c, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
     return c
+
+
+def launches_early(b: torch.Tensor) -> bool:
+    """Whether the kernel ahead of a decode matmul over weights b should let it launch at that
+    kernel's top (the `early` of rms_norm_residual, silu_mul and paged_attention)."""
+    return b.numel() * b.element_size() <= _EARLY_MAX_BYTES
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

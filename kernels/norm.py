@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.device import dependent_launch, wait_for_kernel_ahead
+from kernels.device import dependent_launch, early_launch, let_dependents_launch, wait_for_kernel_ahead
 from kernels.mode import get_mode, use_triton
 from kernels.toolchain import FP_FUSION
 
@@ -25,8 +25,9 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
     H, stride_x, stride_res, stride_out, stride_res_out, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
 ):
+    let_dependents_launch(EARLY)
     wait_for_kernel_ahead(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
@@ -74,7 +75,7 @@ def _rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 
 def _rms_norm_triton(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, early: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     M, H = x.shape
     out = torch.empty_like(x)
@@ -92,7 +93,7 @@ def _rms_norm_triton(
         x, res, weight, out, res_dst,
         H, x.stride(0), res.stride(0), out.stride(0), res_dst.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, num_warps=_warps(block_h),
-        PDL=pdl, launch_pdl=pdl, enable_fp_fusion=FP_FUSION,
+        PDL=pdl, launch_pdl=pdl, EARLY=early_launch(early, x), enable_fp_fusion=FP_FUSION,
     )
     return out, res_out
 
@@ -112,12 +113,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rms_norm_residual(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, early: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused `s = residual + x; return rms_norm(s), s` in one pass over memory."""
+    """Fused `s = residual + x; return rms_norm(s), s` in one pass over memory. early: a matmul
+    that prefetches follows (kernels.matmul.prefetches)."""
     _check(x, weight, residual)
     if use_triton(x, residual, weight):
-        return _rms_norm_triton(x, residual, weight, eps)
+        return _rms_norm_triton(x, residual, weight, eps, early)
     summed = residual + x
     if get_mode() == "standard":
         return F.rms_norm(summed, (x.shape[1],), weight.to(x.dtype), eps), summed

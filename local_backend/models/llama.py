@@ -4,7 +4,8 @@ Every reduction (matmul, RMSNorm, attention, the logits) goes through `kernels`,
 invariant mode makes a row's bits independent of the batch around it. The rest is
 elementwise and batch-invariant by nature: the embedding gather in torch, RoPE (fused with
 the q/k norms and the KV write) and SiLU*mul in one launch each, the residual adds inside
-the norms. Fused or not, each of them gives the same bits.
+the norms. Fused or not, each of them gives the same bits. At decode the kernel ahead of a
+matmul over small weights lets it launch early (kernels.launches_early): same bits too.
 """
 from __future__ import annotations
 
@@ -71,11 +72,13 @@ class Llama:
                                   cfg.num_heads, cfg.num_kv_heads, layer.q_norm, layer.k_norm, cfg.rms_norm_eps)
         o = kernels.paged_attention(
             q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens_q, batch.kv_lens, self.scale,
-            max_q_len=batch.max_q_len, max_kv_len=batch.max_kv_len, plan=batch.plan)
+            max_q_len=batch.max_q_len, max_kv_len=batch.max_kv_len, plan=batch.plan,
+            early=kernels.launches_early(layer.o))
         return kernels.matmul(o.reshape(t, self.q_size), layer.o)
 
     def mlp(self, layer: Layer, x):
-        return kernels.matmul(kernels.silu_mul(kernels.matmul(x, layer.gate_up)), layer.down)
+        up = kernels.silu_mul(kernels.matmul(x, layer.gate_up), early=kernels.launches_early(layer.down))
+        return kernels.matmul(up, layer.down)
 
     def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
         """Hidden states [T, H] after the final norm, one row per input token."""
@@ -87,9 +90,11 @@ class Llama:
         h = self.w.embed[input_ids]
         x = kernels.rms_norm(h, layers[0].input_norm, eps)
         for i, (layer, kv_cache) in enumerate(zip(layers, kv_caches)):
-            x, h = rms_norm_residual(self.attention(layer, x, positions, kv_cache, batch), h, layer.post_norm, eps)
-            next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else self.w.norm
-            x, h = rms_norm_residual(self.mlp(layer, x), h, next_norm, eps)
+            x, h = rms_norm_residual(self.attention(layer, x, positions, kv_cache, batch), h, layer.post_norm, eps,
+                                     early=kernels.launches_early(layer.gate_up))
+            after = layers[i + 1] if i + 1 < len(layers) else None
+            x, h = rms_norm_residual(self.mlp(layer, x), h, after.input_norm if after else self.w.norm, eps,
+                                     early=kernels.launches_early(after.qkv if after else self.w.lm_head))
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
