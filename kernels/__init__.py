@@ -27,7 +27,7 @@ from kernels.toolchain import toolchain
 KERNEL_VERSION = "7"
 
 __all__ = [
-    "KERNEL_VERSION", "argmax", "attention_plan", "get_mode", "launches_early", "log_softmax", "logsumexp", "matmul", "mode",
-    "paged_attention", "rms_norm", "rms_norm_residual", "rope_store_kv", "sample", "set_mode", "silu_mul",
-    "store_kv", "toolchain",
+    "KERNEL_VERSION", "argmax", "attention_plan", "get_mode", "launches_early", "log_softmax", "logsumexp",
+    "matmul", "mode", "paged_attention", "rms_norm", "rms_norm_residual", "rope_store_kv", "sample", "set_mode",
+    "silu_mul", "store_kv", "toolchain",
 ]

@@ -33,7 +33,7 @@ def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexp
 
 def silu_mul(x: torch.Tensor, early: bool = False) -> torch.Tensor:
     """x [T, 2N] = [gate | up] -> silu(gate) * up [T, N], in x's dtype, in both kernel modes.
-    early: a matmul that prefetches follows (kernels.matmul.prefetches).
+    early: a decode matmul that gains from launching early follows (kernels.launches_early).
 
     CUDA runs the fused kernel; elsewhere (the CPU, where the interpreter has no libdevice)
     torch does.

@@ -54,8 +54,8 @@ def paged_attention(
     over a cached prefix, decode (q_len 1) and mixes of them are one call.
     Pass max_q_len / max_kv_len (host-side upper bounds) to avoid a device sync,
     e.g. under CUDA-graph capture, and `plan` (attention_plan of the same batch) to share
-    work between the layers of one forward pass. early: a matmul that gains from launching
-    early follows (kernels.matmul.launches_early).
+    work between the layers of one forward pass. early: a decode matmul that gains from
+    launching early follows (kernels.launches_early).
     """
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if max_q_len is None:

@@ -115,8 +115,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rms_norm_residual(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, early: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused `s = residual + x; return rms_norm(s), s` in one pass over memory. early: a matmul
-    that prefetches follows (kernels.matmul.prefetches)."""
+    """Fused `s = residual + x; return rms_norm(s), s` in one pass over memory. early: a decode
+    matmul that gains from launching early follows (kernels.launches_early)."""
     _check(x, weight, residual)
     if use_triton(x, residual, weight):
         return _rms_norm_triton(x, residual, weight, eps, early)

@@ -15,8 +15,8 @@ third graph per padded row count, replayed after whichever forward ran. Because 
 kernels are batch-invariant, a row's bits are the same whichever graph, or the eager
 path, served it. Standard mode keeps prefill and sampling eager: its attention gathers
 pages into a buffer sized by the KV bound (kernels/attention_vendor.py), which a graph
-for every prefill shape would hold for every sequence slot, and its torch sampler syncs
-with the host to decide on filtering, which no graph may do.
+for every prefill shape would hold for every sequence slot; its torch sampler stays eager, as
+stock engines run theirs.
 
 launch() queues a step and finish() reads its tokens; two steps may be in flight, each with
 its own host input buffer, output slot and timing marks. A token the step ahead is still

@@ -92,9 +92,10 @@ class Llama:
         for i, (layer, kv_cache) in enumerate(zip(layers, kv_caches)):
             x, h = rms_norm_residual(self.attention(layer, x, positions, kv_cache, batch), h, layer.post_norm, eps,
                                      early=kernels.launches_early(layer.gate_up))
-            after = layers[i + 1] if i + 1 < len(layers) else None
-            x, h = rms_norm_residual(self.mlp(layer, x), h, after.input_norm if after else self.w.norm, eps,
-                                     early=kernels.launches_early(after.qkv if after else self.w.lm_head))
+            # The next layer's norm and qkv, or the final norm and the LM head.
+            norm, weight = (layers[i + 1].input_norm, layers[i + 1].qkv) if i + 1 < len(layers) else \
+                (self.w.norm, self.w.lm_head)
+            x, h = rms_norm_residual(self.mlp(layer, x), h, norm, eps, early=kernels.launches_early(weight))
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
