@@ -52,7 +52,7 @@ _LIST = {"CP": 64, "STEP": sc._STEP, "BUCKETS": sc._BUCKETS}  # what every candi
 # (name, kernel, constexprs, launch options or a function of the dtype giving them), sizes as the
 # wrappers pick them at V = 152064
 KERNELS = (
-    ("sample pass 1", st._sample_partial_kernel, {"BLOCK": st._BLOCK, "PDL": True},
+    ("sample pass 1", st._sample_partial_kernel, {"BLOCK": st._BLOCK, "EARLY": True},
      lambda dtype: {"num_warps": st._WARPS, "enable_fp_fusion": False,
                     "maxnreg": st._pass1_registers(2 if dtype == "bf16" else 4)}),
     ("sample pick (filtered batch)", st._sample_pick_kernel, {"BLOCK": st._BLOCK, "CP": 64, "FILTERED": True,

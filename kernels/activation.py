@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from kernels.device import dependent_launch, early_launch, let_dependents_launch, wait_for_kernel_ahead
+from kernels.device import dependent_launch_options, early_launch, let_dependents_launch, wait_for_kernel_ahead
 
 BLOCK = 1024
 
@@ -44,9 +44,8 @@ def silu_mul(x: torch.Tensor, early: bool = False) -> torch.Tensor:
     assert x.stride(1) == 1
     t, n = gate.shape
     out = torch.empty(t, n, dtype=x.dtype, device=x.device)
-    pdl = dependent_launch(x.device)
     if t and n:
         _silu_mul_kernel[(t, triton.cdiv(n, BLOCK))](x, out, n, x.stride(0), out.stride(0), BLOCK=BLOCK,
-                                                   PDL=pdl, launch_pdl=pdl, EARLY=early_launch(early, x),
+                                                   **dependent_launch_options(x.device), EARLY=early_launch(early, x),
                                                    num_warps=4, enable_fp_fusion=False)
     return out

@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.device import dependent_launch, early_launch, let_dependents_launch, sm_count, wait_for_kernel_ahead
+from kernels.device import dependent_launch_options, early_launch, let_dependents_launch, sm_count, wait_for_kernel_ahead
 from kernels.toolchain import FP_FUSION
 
 # The constants that fix every row's summation order: changing any of them changes output
@@ -580,7 +580,7 @@ def paged_attention_triton(
     else:
         per_tile, per_chunk, tile_programs, grid_splits = 0, 0, 0, 1
         part_o = part_ml = o  # unused by the fold-in-program path
-    pdl = dependent_launch(q.device)
+    pdl = dependent_launch_options(q.device)
     _attention_kernel[(n_tiles, h_kv, grid_splits)](
         q, k_cache, v_cache, o, part_o, part_ml,
         block_tables, cu_seqlens_q, kv_lens, cu_tiles,
@@ -592,7 +592,7 @@ def paged_attention_triton(
         *(part_o.stride()[:3] if split_per_program else (0, 0, 0)),
         D=D, BLOCK_D=BLOCK_D, G=G, PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=BLOCK_N,
         BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, SPLIT=bool(split_per_program),
-        DECODE=decode_only, PDL=pdl, launch_pdl=pdl, num_warps=num_warps,
+        DECODE=decode_only, **pdl, num_warps=num_warps,
         num_stages=DECODE_STAGES if max_q_len <= block_q else NUM_STAGES, enable_fp_fusion=FP_FUSION,
     )
     if split_per_program:
@@ -608,7 +608,7 @@ def paged_attention_triton(
             o.stride(0), o.stride(1), *part_o.stride()[:3],
             H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=rows, CHUNK_D=chunk_d,
             UNROLL=min(max_unroll, triton.next_power_of_2(n_splits)), DECODE_ONLY=decode_only, BLOCK_N=BLOCK_N,
-            BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, PDL=pdl, launch_pdl=pdl,
+            BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, **pdl,
             EARLY=early_launch(early, q), num_warps=warps, enable_fp_fusion=FP_FUSION,
         )
     return o

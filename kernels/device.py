@@ -40,6 +40,13 @@ def _dependent_launch(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9 and hasattr(triton_cuda, "gdc_wait")
 
 
+def dependent_launch_options(device: torch.device, on: bool = True) -> dict:
+    """A launch's PDL constexpr (the kernel's wait_for_kernel_ahead) and Triton's launch_pdl,
+    which must agree: on, where the device takes dependent launches."""
+    pdl = on and dependent_launch(device)
+    return {"PDL": pdl, "launch_pdl": pdl}
+
+
 def early_launch(early: bool, x: torch.Tensor) -> bool:
     """EARLY for a kernel over the rows of x whose caller asks for `early` (a matmul that gains
     follows: kernels.matmul.launches_early): only where dependent launches run, and at decode

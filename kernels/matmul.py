@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.device import dependent_launch, sm_count, wait_for_kernel_ahead
+from kernels.device import dependent_launch_options, sm_count, wait_for_kernel_ahead
 from kernels.mode import get_mode, use_triton
 from kernels.toolchain import FP_FUSION
 
@@ -294,13 +294,12 @@ def _launch_tma(a, b, bias, c, segments, block_m, block_n, block_k, warps, stage
         b_desc = TensorDescriptor(b, [K, N], [b.stride(0), 1], [block_k, block_n])
     c_desc = TensorDescriptor(c, [M, N], [c.stride(0), 1], [block_m, block_n])
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    pdl = dependent_launch(a.device)
     _matmul_tma_kernel[(_programs(a.device, tiles),)](
         a_desc, b_desc, c_desc, bias if bias is not None else c,
         M, N, K, *segments,
         HAS_BIAS=bias is not None, B_KMAJOR=b_kmajor, IEEE=a.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
-        PDL=pdl, launch_pdl=pdl,
+        **dependent_launch_options(a.device),
         num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION,
     )
 
@@ -309,7 +308,6 @@ def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, s
     M, K = a.shape
     N = b.shape[1]
     grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n), segments[0] if parts is not None else 1)
-    pdl = dependent_launch(a.device)
     _matmul_kernel[grid](
         a, b, bias if bias is not None else c, c, c if parts is None else parts, c if counts is None else counts,
         M, N, K, *segments,
@@ -317,7 +315,7 @@ def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, s
         HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0, IEEE=a.dtype == torch.float32,
         PARTIAL=parts is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
-        PDL=pdl, launch_pdl=pdl,
+        **dependent_launch_options(a.device),
         num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION,
     )
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.device import dependent_launch, early_launch, let_dependents_launch, wait_for_kernel_ahead
+from kernels.device import dependent_launch_options, early_launch, let_dependents_launch, wait_for_kernel_ahead
 from kernels.mode import get_mode, use_triton
 from kernels.toolchain import FP_FUSION
 
@@ -88,12 +88,11 @@ def _rms_norm_triton(
     weight = weight.contiguous()
     if residual is not None and residual.stride(1) != 1:
         res = residual.contiguous()
-    pdl = dependent_launch(x.device)
     _rms_norm_kernel[(M,)](
         x, res, weight, out, res_dst,
         H, x.stride(0), res.stride(0), out.stride(0), res_dst.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, num_warps=_warps(block_h),
-        PDL=pdl, launch_pdl=pdl, EARLY=early_launch(early, x), enable_fp_fusion=FP_FUSION,
+        **dependent_launch_options(x.device), EARLY=early_launch(early, x), enable_fp_fusion=FP_FUSION,
     )
     return out, res_out
 

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention import store_kv
-from kernels.device import dependent_launch, wait_for_kernel_ahead
+from kernels.device import dependent_launch_options, wait_for_kernel_ahead
 from kernels.mode import interpreting
 from kernels.norm import _warps, rms_norm
 from kernels.toolchain import FP_FUSION
@@ -144,7 +144,6 @@ def rope_store_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_
         return q
     norm = q_norm is not None
     block_h = triton.next_power_of_2(d)
-    pdl = dependent_launch(qkv.device)
     _rope_store_kernel[(t, num_heads + 2 * num_kv_heads)](
         qkv, q, q_norm if norm else qkv, k_norm if norm else qkv, cos, sin, positions, slot_mapping,
         k_cache, v_cache,
@@ -152,7 +151,7 @@ def rope_store_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_
         qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0), *k_cache.stride()[:3],
         HQ=num_heads, HKV=num_kv_heads, PAGE=k_cache.shape[1], BLOCK_H=block_h,
         BLOCK_HALF=triton.next_power_of_2(d // 2), NORM=norm, ASM=qkv.is_cuda,
-        PDL=pdl, launch_pdl=pdl,
+        **dependent_launch_options(qkv.device),
         num_warps=_warps(block_h), enable_fp_fusion=FP_FUSION,
     )
     return q

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from kernels import sampling_candidates, sampling_filter
-from kernels.device import dependent_launch
+from kernels.device import dependent_launch_options, let_dependents_launch, wait_for_kernel_ahead
 from kernels.philox import row_uniform
 from kernels.sampling_rows import (chunk_mass, crossing, kept, load_partials, merged_mass, release, row_params,
                                    scaled_chunk, wait_for)
@@ -247,12 +247,10 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _sample_partial_kernel(x_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, m_ptr, z_ptr, where_ptr,
-                           V, C, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                           V, C, BLOCK: tl.constexpr, EARLY: tl.constexpr):
     """One chunk of a row: the max score and, for sampled rows, the chunk's mass; for greedy
     rows, the lowest id holding the max instead."""
-    if PDL:
-        # The pick may launch once every program here has started; it waits for their stores.
-        tl.extra.cuda.gdc_launch_dependents()
+    let_dependents_launch(EARLY)   # the pick may launch once every program here has started
     c = tl.program_id(0)
     row = tl.program_id(1)
     greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
@@ -281,8 +279,7 @@ def _sample_pick_kernel(x_ptr, stride, seed_ptr, step_ptr, temp_ptr, top_k_ptr, 
     seed = tl.load(seed_ptr + row)
     step = tl.load(step_ptr + row)
     greedy, inverse, top_k, top_p, k_on, p_on = row_params(temp_ptr, top_k_ptr, top_p_ptr, row, V)
-    if PDL:
-        tl.extra.cuda.gdc_wait()  # pass 1's partials
+    wait_for_kernel_ahead(PDL)  # pass 1's partials
     # What every row reads, loaded before the greedy test on its parameters: one trip, not two.
     i = tl.arange(0, CP)
     m, z = load_partials(m_ptr + row * C, z_ptr + row * C, C, CP)
@@ -338,9 +335,9 @@ def _sample(x: torch.Tensor, seeds, steps, temperature, top_k, top_p, filtered: 
     # A chunk a program: as fast as two at B = 256 (H100), faster below, where two leave SMs idle.
     # Unfiltered, the pick launches while pass 1's last programs run (programmatic dependent
     # launch) and waits for their stores.
-    pdl = not filtered and dependent_launch(device)
-    _sample_partial_kernel[(chunks, batch)](x, x.stride(0), *params, m, z, where, vocab, chunks, BLOCK=block, PDL=pdl,
-                                           num_warps=_WARPS, maxnreg=_pass1_registers(x.element_size()),
+    pdl = dependent_launch_options(device, on=not filtered)
+    _sample_partial_kernel[(chunks, batch)](x, x.stride(0), *params, m, z, where, vocab, chunks, BLOCK=block,
+                                           EARLY=pdl["PDL"], num_warps=_WARPS, maxnreg=_pass1_registers(x.element_size()),
                                            enable_fp_fusion=False)
     out = torch.empty(batch, dtype=torch.int64, device=device)
     bound = torch.empty((batch, 2), dtype=torch.int32, device=device)
@@ -353,7 +350,7 @@ def _sample(x: torch.Tensor, seeds, steps, temperature, top_k, top_p, filtered: 
         sampling_filter.kept_partials(x, params, m, z, work, where, bound, block, per_program, chunks_p2)
     _sample_pick_kernel[(batch,)](
         x, x.stride(0), seeds, steps, *params, bound, m, z, where, settled, out, vocab, chunks,
-        BLOCK=block, CP=chunks_p2, FILTERED=filtered, PDL=pdl, num_warps=_WARPS, launch_pdl=pdl,
+        BLOCK=block, CP=chunks_p2, FILTERED=filtered, **pdl, num_warps=_WARPS,
         enable_fp_fusion=False)
     return out, bound, settled
 

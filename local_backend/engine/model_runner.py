@@ -345,7 +345,7 @@ class ModelRunner:
         if self._in_flight[slot]:
             raise RuntimeError("two steps are already in flight")
         self._slot = 1 - slot
-        self.inputs.next_buffer()
+        self.inputs.use(slot)
         outputs_host, marks = self.slots[slot]
         staged = self._stage(scheduled)
         self._ahead_rows = {seq: j for j, seq in enumerate(staged.sampled)}

@@ -49,13 +49,13 @@ class StepInputs:
             for name, dtype, n in fields}
         self.dev["tables"] = self.dev["tables"].view(max_seqs, max_blocks)
         self._tables_at, self._row_bytes = offsets["tables"], max_blocks * 4
-        self._turn = 0
-        self.host_bytes, self.host, self.table_rows = self._hosts[0]
+        self.use(0)
 
-    def next_buffer(self) -> None:
-        """Stage the next step in the other host buffer (the caller knows its last copy is done)."""
-        self._turn = (self._turn + 1) % len(self._hosts)
-        self.host_bytes, self.host, self.table_rows = self._hosts[self._turn]
+    def use(self, slot: int) -> None:
+        """Stage the next step in the host buffer of the runner's output slot `slot` (of two; one
+        buffer serves both off a GPU, where nothing is queued). The slot's last step was read,
+        so its copy is done."""
+        self.host_bytes, self.host, self.table_rows = self._hosts[slot % len(self._hosts)]
 
     def upload(self, table_rows: int) -> None:
         """Send everything the host wrote, block tables up to row table_rows (asynchronous)."""
