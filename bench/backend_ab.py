@@ -9,7 +9,10 @@ machine drifts by a few percent between calls, so code is compared only this way
 Each run is `bench/backend_gpu.py --shapes SHAPE --levels SHAPE=LEVELS --modes MODE
 --determinism "" --scoring "" --long-prompt 0` in its tree. Writes OUT.json (every run's
 results) and OUT.md (the command, the mean of each side and new / old, then every run), and
-prints the summary.
+prints the summary. Both are rewritten after every run, so a call cut short keeps what
+finished. Where the checkout has no history (the GPU machines get a working tree only), unpack
+the old revision beforehand and name it: `git archive REV --prefix=.old/ | tar -x`, then
+`--old REV --old-tree .old`.
 """
 from __future__ import annotations
 
@@ -103,14 +106,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repo", type=Path, default=ROOT, help="the checkout whose working tree is new")
     p.add_argument("--old", default="HEAD", help="the git revision to compare the working tree with")
+    p.add_argument("--old-tree", type=Path, help="that revision already unpacked here (git archive)")
     p.add_argument("--runs", required=True, help="SHAPE=LEVELS/MODE,... e.g. qwen3-0.6b=1:32:256/invariant")
     p.add_argument("--out", required=True, help="path of the results without suffix: OUT.md, OUT.json")
     p.add_argument("--timeout-s", type=float, default=300, help="per run")
     args = p.parse_args()
     runs = parse_runs(args.runs)
     rows, raw = [], {}
+    command = " ".join(["python3", "bench/backend_ab.py"] + sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="detgate_ab_") as tmp:
-        trees = {"old": old_tree(args.repo, args.old, Path(tmp) / "old"), "new": args.repo}
+        old = args.old_tree.resolve() if args.old_tree else old_tree(args.repo, args.old, Path(tmp) / "old")
+        trees = {"old": old, "new": args.repo}
         for shape, levels, mode in runs:
             for i, side in enumerate(ORDER):
                 tag = f"{shape}/{mode}/{side}{ORDER[:i + 1].count(side)}"
@@ -120,16 +126,18 @@ def main() -> None:
                 if run:
                     raw[tag] = run
                     rows += level_rows(tag, side, run)
+                write(Path(args.out), command, args.old, raw, rows)
+    print(markdown_table(summary(rows)))
+
+
+def write(out: Path, command: str, old: str, raw: dict, rows: list[dict]) -> None:
     gpus = sorted({run["env"]["gpu"] for run in raw.values()})
-    command = " ".join(["python3", "bench/backend_ab.py"] + sys.argv[1:])
-    head = (f"`{command}` ({', '.join(gpus) or 'no run finished'}; old = {args.old}, new = the working tree; "
+    head = (f"`{command}` ({', '.join(gpus) or 'no run finished'}; old = {old}, new = the working tree; "
             f"order {', '.join(ORDER)} per run)")
     text = f"{head}\n\n{markdown_table(summary(rows))}\n\n## Every run\n\n{markdown_table(rows)}\n"
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text)
-    out.with_suffix(".json").write_text(json.dumps({"command": command, "old": args.old, "runs": raw}, indent=1))
-    print(markdown_table(summary(rows)))
+    out.with_suffix(".json").write_text(json.dumps({"command": command, "old": old, "runs": raw}, indent=1))
 
 
 if __name__ == "__main__":

@@ -3,19 +3,21 @@
 Public API (everything else in detgate relies only on these names):
   matmul(a, b, bias=None)            a: [M, K], b: [K, N] -> [M, N]
   launches_early(b)                  whether the kernel ahead of a decode matmul over b lets it launch
-                                     early (the `early` of rms_norm_residual, silu_mul, paged_attention)
+                                     early (the `early` of rms_norm_residual, silu_mul, swiglu,
+                                     paged_attention)
   rms_norm(x, weight, eps)           one row per program
   rms_norm_residual(x, res, w, eps)  fused residual add + RMSNorm -> (normed, x + res)
   store_kv / paged_attention         paged KV cache write and causal attention
   attention_plan                     what the layers' paged_attention calls of one forward share
   rope_store_kv(qkv, positions, ...) per-head q/k norm + RoPE + KV write in one launch -> q
   silu_mul(x)                        silu(gate) * up of x = [gate | up], one launch
+  swiglu(x, w)                       silu_mul(matmul(x, w)), one launch at decode
   log_softmax / logsumexp / argmax / sample
   set_mode / get_mode / mode         "invariant" | "standard"
   toolchain(device)                  the compiler versions that, with KERNEL_VERSION, fix the bits
 """
 from kernels.mode import get_mode, mode, set_mode
-from kernels.matmul import launches_early, matmul
+from kernels.matmul import launches_early, matmul, swiglu
 from kernels.norm import rms_norm, rms_norm_residual
 from kernels.attention import attention_plan, paged_attention, store_kv
 from kernels.activation import silu_mul
@@ -29,5 +31,5 @@ KERNEL_VERSION = "7"
 __all__ = [
     "KERNEL_VERSION", "argmax", "attention_plan", "get_mode", "launches_early", "log_softmax", "logsumexp",
     "matmul", "mode", "paged_attention", "rms_norm", "rms_norm_residual", "rope_store_kv", "sample", "set_mode",
-    "silu_mul", "store_kv", "toolchain",
+    "silu_mul", "store_kv", "swiglu", "toolchain",
 ]

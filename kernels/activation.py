@@ -17,6 +17,20 @@ BLOCK = 1024
 
 
 @triton.jit
+def silu_times(gate, up, LIBDEVICE: tl.constexpr):
+    """silu(gate) * up of two tensors in the model's dtype, with torch's roundings (the module's
+    docstring); the SiLU·up kernel's and the fused gate_up matmul's (kernels.swiglu) one formula.
+    LIBDEVICE: CUDA's expf, torch's; the interpreter has no libdevice, and its exp is numpy's."""
+    g = gate.to(tl.float32)
+    if LIBDEVICE:
+        e = libdevice.exp(-g)
+    else:
+        e = tl.exp(-g)
+    silu = tl.div_rn(g, 1.0 + e).to(gate.dtype)
+    return (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
+
+
+@triton.jit
 def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr,
                      EARLY: tl.constexpr):
     let_dependents_launch(EARLY)
@@ -26,9 +40,7 @@ def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexp
     mask = cols < N
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * stride_x + N + cols, mask=mask, other=0.0)
-    g = gate.to(tl.float32)
-    silu = tl.div_rn(g, 1.0 + libdevice.exp(-g)).to(gate.dtype)
-    tl.store(out_ptr + row * stride_out + cols, (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)
+    tl.store(out_ptr + row * stride_out + cols, silu_times(gate, up, True), mask=mask)
 
 
 def silu_mul(x: torch.Tensor, early: bool = False) -> torch.Tensor:

@@ -26,7 +26,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.device import dependent_launch_options, sm_count, wait_for_kernel_ahead
+from kernels.activation import silu_mul, silu_times
+from kernels.device import (dependent_launch_options, early_launch, let_dependents_launch, sm_count,
+                            wait_for_kernel_ahead)
 from kernels.mode import get_mode, use_triton
 from kernels.toolchain import FP_FUSION
 
@@ -112,9 +114,11 @@ def _matmul_kernel(
     M, N, K, SEGMENTS, SEGMENT_STEPS,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PARTIAL: tl.constexpr,
+    GATED: tl.constexpr, LIBDEVICE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PDL: tl.constexpr,
+    GROUP_M: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
 ):
+    let_dependents_launch(EARLY)
     wait_for_kernel_ahead(PDL)
     # Grouped launch order so that consecutive programs share B tiles in L2.
     pid = tl.program_id(0)
@@ -131,7 +135,16 @@ def _matmul_kernel(
     # Out-of-range rows/columns read a valid row/column again instead of being
     # masked: they are never stored, and unmasked loads keep the pipeline simple.
     rows = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
-    cols = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    if GATED:
+        # b = [gate | up]: the tile's first half reads gate columns, its second half the same
+        # columns of up, so that its epilogue pairs them (the wrapper makes N / 2 a multiple of
+        # BLOCK_N / 2). offs_n still numbers the tile's columns, for the split workspace.
+        HALF: tl.constexpr = BLOCK_N // 2
+        j = tl.arange(0, BLOCK_N)
+        cols = pid_n * HALF + j % HALF + tl.where(j < HALF, 0, N // 2)
+        cols = tl.max_contiguous(tl.multiple_of(cols, HALF), HALF)
+    else:
+        cols = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     a_first = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_first = b_ptr + offs_k[:, None] * stride_bk + cols[None, :] * stride_bn
@@ -181,13 +194,27 @@ def _matmul_kernel(
                 acc += tl.load(parts, mask=mask, other=0.0, cache_modifier=".cg")
                 parts += M * N
             tl.store(counts_ptr + pid, 0)   # ready for the next call, or the next graph replay
-            _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, stride_cm, stride_cn, HAS_BIAS)
+            _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, M, N, pid_n, stride_cm, stride_cn, HAS_BIAS,
+                    GATED, LIBDEVICE, BLOCK_M, BLOCK_N)
     else:
-        _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, stride_cm, stride_cn, HAS_BIAS)
+        _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, M, N, pid_n, stride_cm, stride_cn, HAS_BIAS,
+                GATED, LIBDEVICE, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
-def _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, stride_cm, stride_cn, HAS_BIAS: tl.constexpr):
+def _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, M, N, pid_n, stride_cm, stride_cn,
+            HAS_BIAS: tl.constexpr, GATED: tl.constexpr, LIBDEVICE: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    if GATED:
+        # Rounded to the output dtype first, as the matmul's output is, then SiLU·up's roundings:
+        # silu_mul(matmul(a, b))'s bits, each product computed once.
+        HALF: tl.constexpr = BLOCK_N // 2
+        h = tl.permute(tl.reshape(acc.to(c_ptr.dtype.element_ty), (BLOCK_M, 2, HALF)), (0, 2, 1))
+        gate, up = tl.split(h)
+        out_n = pid_n * HALF + tl.arange(0, HALF)
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + out_n[None, :] * stride_cn, silu_times(gate, up, LIBDEVICE),
+                 mask=(offs_m[:, None] < M) & (out_n[None, :] < N // 2))
+        return
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
     tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
@@ -304,7 +331,8 @@ def _launch_tma(a, b, bias, c, segments, block_m, block_n, block_k, warps, stage
     )
 
 
-def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts=None, counts=None):
+def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts=None, counts=None,
+                    gated=False, early=False):
     M, K = a.shape
     N = b.shape[1]
     grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n), segments[0] if parts is not None else 1)
@@ -313,10 +341,12 @@ def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, s
         M, N, K, *segments,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0, IEEE=a.dtype == torch.float32,
-        PARTIAL=parts is not None,
+        PARTIAL=parts is not None, GATED=gated, LIBDEVICE=a.is_cuda,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
-        **dependent_launch_options(a.device),
-        num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION,
+        **dependent_launch_options(a.device), EARLY=early_launch(early, a),
+        # The SiLU·up epilogue keeps its roundings apart, as silu_mul's kernel does; the
+        # matmul itself has no product to fuse an addition into (tl.dot accumulates).
+        num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION and not gated,
     )
 
 
@@ -335,20 +365,21 @@ def _tile_counts(device: torch.device, tiles: int) -> torch.Tensor:
     return counts
 
 
-def _launch_split(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages):
+def _launch_split(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, gated=False, early=False):
     """A program per (tile, K segment), in one launch: see PARTIAL in _matmul_kernel."""
-    M, N = c.shape
+    M, N = a.shape[0], b.shape[1]
     parts = torch.empty((segments[0], M, N), dtype=torch.float32, device=a.device)
     counts = _tile_counts(a.device, triton.cdiv(M, block_m) * triton.cdiv(N, block_n))
-    _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts, counts)
+    _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts, counts, gated, early)
 
 
-def _matmul_triton(a, b, bias, config=None):
+def _matmul_triton(a, b, bias, config=None, gated=False, early=False):
     """`config` overrides the dispatch, for the benchmark's sweep and the tests
-    that check every config gives the same bits."""
+    that check every config gives the same bits. gated: swiglu's product, by the pointer
+    or split kernel (_fuses_swiglu says where that is the fast one)."""
     M, K = a.shape
     N = b.shape[1]
-    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    c = torch.empty((M, N // 2 if gated else N), dtype=a.dtype, device=a.device)
     if M == 0 or N == 0:
         return c
     if K == 0:
@@ -358,17 +389,41 @@ def _matmul_triton(a, b, bias, config=None):
     tma_ok = a.stride(1) == 1 and _tma_ready(a) and _tma_ready(b) and _tma_ready(c)
     if kernel == "split" and segments[0] > 1:
         launch = _launch_split
-    elif kernel == "tma" and tma_ok:
+    elif kernel == "tma" and tma_ok and not gated:
         launch = _launch_tma
     else:
         launch = _launch_pointer
-    launch(a, b, bias, c, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
+    args = (a, b, bias, c, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
+    if gated:
+        launch(*args, gated=True, early=early)
+    else:
+        launch(*args)
     return c
+
+
+def _fuses_swiglu(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Where swiglu runs as one launch: a decode step on the GPU (its tiles pair N / 2 gate columns with
+    as many up columns). A batch's large tiles keep the vendor-speed TMA kernel and a SiLU·up launch."""
+    half_tile = CONFIGS["decode"][1] // 2
+    return (a.is_cuda and _config(a.shape[0], b.shape[1], a.dtype, a.device)[4] == "split"
+            and a.shape[0] > 0 and a.shape[1] > 0 and (b.shape[1] // 2) % half_tile == 0)
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor, early: bool = False) -> torch.Tensor:
+    """a: [M, K], b = [gate | up]: [K, 2I] -> silu(a @ gate) * (a @ up): [M, I], in a's dtype, with
+    silu_mul(matmul(a, b))'s bits in both kernel modes. At decode on the GPU one launch: the matmul's
+    epilogue computes each output once, and no [M, 2I] intermediate is written. early: as silu_mul's."""
+    _check(a, b, None)
+    if b.shape[1] % 2:
+        raise ValueError(f"b must be [gate | up] with an even number of columns, got {tuple(b.shape)}")
+    if use_triton(a, b) and _fuses_swiglu(a, b):
+        return _matmul_triton(a, b, None, gated=True, early=early)
+    return silu_mul(matmul(a, b), early=early)
 
 
 def launches_early(b: torch.Tensor) -> bool:
     """Whether the kernel ahead of a decode matmul over weights b should let it launch at that
-    kernel's top (the `early` of rms_norm_residual, silu_mul and paged_attention)."""
+    kernel's top (the `early` of rms_norm_residual, silu_mul, swiglu and paged_attention)."""
     return b.numel() * b.element_size() <= _EARLY_MAX_BYTES
 
 

@@ -3,8 +3,9 @@
 Every reduction (matmul, RMSNorm, attention, the logits) goes through `kernels`, whose
 invariant mode makes a row's bits independent of the batch around it. The rest is
 elementwise and batch-invariant by nature: the embedding gather in torch, RoPE (fused with
-the q/k norms and the KV write) and SiLU*mul in one launch each, the residual adds inside
-the norms. Fused or not, each of them gives the same bits. At decode the kernel ahead of a
+the q/k norms and the KV write) in one launch, SiLU*mul in the gate_up matmul's epilogue at
+decode and in a launch of its own in a batch, the residual adds inside the norms. Fused or
+not, each of them gives the same bits. At decode the kernel ahead of a
 matmul over small weights lets it launch early (kernels.launches_early): same bits too.
 """
 from __future__ import annotations
@@ -77,8 +78,7 @@ class Llama:
         return kernels.matmul(o.reshape(t, self.q_size), layer.o)
 
     def mlp(self, layer: Layer, x):
-        up = kernels.silu_mul(kernels.matmul(x, layer.gate_up), early=kernels.launches_early(layer.down))
-        return kernels.matmul(up, layer.down)
+        return kernels.matmul(kernels.swiglu(x, layer.gate_up, early=kernels.launches_early(layer.down)), layer.down)
 
     def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
         """Hidden states [T, H] after the final norm, one row per input token."""

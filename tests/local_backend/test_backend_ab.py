@@ -36,7 +36,8 @@ def git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
 
 
-def test_old_and_new_run_in_abba_order(tmp_path):
+def repo_with_old_and_new(tmp_path: Path) -> Path:
+    """A repository whose commit has speed 100 and whose working tree has 120."""
     repo = tmp_path / "repo"
     (repo / "bench").mkdir(parents=True)
     (repo / "bench" / "backend_gpu.py").write_text(STAND_IN)
@@ -45,10 +46,19 @@ def test_old_and_new_run_in_abba_order(tmp_path):
     git(repo, "add", "-A")
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "old")
     (repo / "speed.txt").write_text("120")   # the working tree, not committed
+    return repo
+
+
+def run_ab(tmp_path: Path, repo: Path, *old: str) -> tuple[Path, Path]:
     order, out = tmp_path / "order.txt", tmp_path / "results" / "ab"
-    subprocess.run([sys.executable, str(ROOT / "bench" / "backend_ab.py"), "--repo", str(repo), "--old", "HEAD",
+    subprocess.run([sys.executable, str(ROOT / "bench" / "backend_ab.py"), "--repo", str(repo), *old,
                     "--runs", "tiny=1:4/invariant,other=2/standard", "--out", str(out)],
                    check=True, capture_output=True, env={**os.environ, "AB_ORDER": str(order)})
+    return order, out
+
+
+def test_old_and_new_run_in_abba_order(tmp_path):
+    order, out = run_ab(tmp_path, repo_with_old_and_new(tmp_path), "--old", "HEAD")
     assert order.read_text().split("\n")[:8] == [
         "tiny invariant 100.0", "tiny invariant 120.0", "tiny invariant 120.0", "tiny invariant 100.0",
         "other standard 100.0", "other standard 120.0", "other standard 120.0", "other standard 100.0"]
@@ -58,3 +68,14 @@ def test_old_and_new_run_in_abba_order(tmp_path):
     runs = json.loads(out.with_suffix(".json").read_text())["runs"]
     assert sorted(runs) == sorted(f"{s}/{side}{i}" for s in ("tiny/invariant", "other/standard")
                                   for side in ("old", "new") for i in (1, 2))
+
+
+def test_an_old_tree_unpacked_beforehand_runs_as_the_old_side(tmp_path):
+    # As on a GPU machine, which gets the working tree without its history.
+    repo = repo_with_old_and_new(tmp_path)
+    subprocess.run(f"git -C {repo} archive HEAD --prefix=.old/ | tar -x -C {repo}", shell=True, check=True)
+    subprocess.run(["rm", "-rf", str(repo / ".git")], check=True)
+    order, out = run_ab(tmp_path, repo, "--old", "abc1234", "--old-tree", str(repo / ".old"))
+    assert order.read_text().split("\n")[:4] == [
+        "tiny invariant 100.0", "tiny invariant 120.0", "tiny invariant 120.0", "tiny invariant 100.0"]
+    assert "old = abc1234, new = the working tree" in out.with_suffix(".md").read_text()
