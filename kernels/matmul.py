@@ -27,8 +27,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.activation import silu_mul, silu_times
-from kernels.device import (dependent_launch_options, early_launch, let_dependents_launch, sm_count,
-                            wait_for_kernel_ahead)
+from kernels.device import dependent_launch_options, sm_count, wait_for_kernel_ahead
 from kernels.mode import get_mode, use_triton
 from kernels.toolchain import FP_FUSION
 
@@ -116,9 +115,8 @@ def _matmul_kernel(
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PARTIAL: tl.constexpr,
     GATED: tl.constexpr, LIBDEVICE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
+    GROUP_M: tl.constexpr, PDL: tl.constexpr,
 ):
-    let_dependents_launch(EARLY)
     wait_for_kernel_ahead(PDL)
     # Grouped launch order so that consecutive programs share B tiles in L2.
     pid = tl.program_id(0)
@@ -332,7 +330,7 @@ def _launch_tma(a, b, bias, c, segments, block_m, block_n, block_k, warps, stage
 
 
 def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts=None, counts=None,
-                    gated=False, early=False):
+                    gated=False):
     M, K = a.shape
     N = b.shape[1]
     grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n), segments[0] if parts is not None else 1)
@@ -343,7 +341,7 @@ def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, s
         HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0, IEEE=a.dtype == torch.float32,
         PARTIAL=parts is not None, GATED=gated, LIBDEVICE=a.is_cuda,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
-        **dependent_launch_options(a.device), EARLY=early_launch(early, a),
+        **dependent_launch_options(a.device),
         # The SiLU·up epilogue keeps its roundings apart, as silu_mul's kernel does; the
         # matmul itself has no product to fuse an addition into (tl.dot accumulates).
         num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION and not gated,
@@ -365,15 +363,15 @@ def _tile_counts(device: torch.device, tiles: int) -> torch.Tensor:
     return counts
 
 
-def _launch_split(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, gated=False, early=False):
+def _launch_split(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, gated=False):
     """A program per (tile, K segment), in one launch: see PARTIAL in _matmul_kernel."""
     M, N = a.shape[0], b.shape[1]
     parts = torch.empty((segments[0], M, N), dtype=torch.float32, device=a.device)
     counts = _tile_counts(a.device, triton.cdiv(M, block_m) * triton.cdiv(N, block_n))
-    _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts, counts, gated, early)
+    _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts, counts, gated)
 
 
-def _matmul_triton(a, b, bias, config=None, gated=False, early=False):
+def _matmul_triton(a, b, bias, config=None, gated=False):
     """`config` overrides the dispatch, for the benchmark's sweep and the tests
     that check every config gives the same bits. gated: swiglu's product, by the pointer
     or split kernel (_fuses_swiglu says where that is the fast one)."""
@@ -395,7 +393,7 @@ def _matmul_triton(a, b, bias, config=None, gated=False, early=False):
         launch = _launch_pointer
     args = (a, b, bias, c, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
     if gated:
-        launch(*args, gated=True, early=early)
+        launch(*args, gated=True)
     else:
         launch(*args)
     return c
@@ -409,21 +407,24 @@ def _fuses_swiglu(a: torch.Tensor, b: torch.Tensor) -> bool:
             and a.shape[0] > 0 and a.shape[1] > 0 and (b.shape[1] // 2) % half_tile == 0)
 
 
-def swiglu(a: torch.Tensor, b: torch.Tensor, early: bool = False) -> torch.Tensor:
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a: [M, K], b = [gate | up]: [K, 2I] -> silu(a @ gate) * (a @ up): [M, I], in a's dtype, with
     silu_mul(matmul(a, b))'s bits in both kernel modes. At decode on the GPU one launch: the matmul's
-    epilogue computes each output once, and no [M, 2I] intermediate is written. early: as silu_mul's."""
+    epilogue computes each output once, and no [M, 2I] intermediate is written.
+
+    Unlike silu_mul, it never lets the matmul behind it launch early: triggered from a matmul, the
+    early launch cost one row's 0.6B MLP 13.1 -> 21.5 us (bench/results/kernels_swiglu.md)."""
     _check(a, b, None)
     if b.shape[1] % 2:
         raise ValueError(f"b must be [gate | up] with an even number of columns, got {tuple(b.shape)}")
     if use_triton(a, b) and _fuses_swiglu(a, b):
-        return _matmul_triton(a, b, None, gated=True, early=early)
-    return silu_mul(matmul(a, b), early=early)
+        return _matmul_triton(a, b, None, gated=True)
+    return silu_mul(matmul(a, b))
 
 
 def launches_early(b: torch.Tensor) -> bool:
     """Whether the kernel ahead of a decode matmul over weights b should let it launch at that
-    kernel's top (the `early` of rms_norm_residual, silu_mul, swiglu and paged_attention)."""
+    kernel's top (the `early` of rms_norm_residual, silu_mul and paged_attention)."""
     return b.numel() * b.element_size() <= _EARLY_MAX_BYTES
 
 

@@ -78,7 +78,7 @@ class Llama:
         return kernels.matmul(o.reshape(t, self.q_size), layer.o)
 
     def mlp(self, layer: Layer, x):
-        return kernels.matmul(kernels.swiglu(x, layer.gate_up, early=kernels.launches_early(layer.down)), layer.down)
+        return kernels.matmul(kernels.swiglu(x, layer.gate_up), layer.down)
 
     def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
         """Hidden states [T, H] after the final norm, one row per input token."""

@@ -1,7 +1,6 @@
-"""A kernel that lets the decode matmul behind it launch at its top (`early`: the norm, SiLU·up,
-the attention fold, the fused gate_up matmul) hands that matmul the same input, so the same
-bits: the matmul still waits for its writes. On a GPU, where dependent launches run; elsewhere
-`early` is off, which the gate test states."""
+"""A kernel that lets the decode matmul behind it launch at its top (`early`) hands that matmul
+the same input, so the same bits: the matmul still waits for its writes. On a GPU, where
+dependent launches run; elsewhere `early` is off, which the gate test states."""
 import pytest
 import torch
 
@@ -29,8 +28,7 @@ def test_matmuls_behind_early_kernels_get_the_same_bits(randn, gpu):
     h, inter, heads, kv_heads, d, kv_len, page = 1024, 3072, 16, 8, 128, 300, 16
     x, res, norm_w = randn(1, h, dtype=BF16), randn(1, h, dtype=BF16), randn(h, dtype=BF16)
     gate_up = randn(1, 2 * inter, dtype=BF16)
-    qkv_w, o_w, down_w, gate_up_w = (randn(n, k, dtype=BF16).t() for n, k in ((4096, h), (h, heads * d),
-                                                                               (h, inter), (2 * inter, h)))
+    qkv_w, o_w, down_w = (randn(n, k, dtype=BF16).t() for n, k in ((4096, h), (h, heads * d), (h, inter)))
     blocks = -(-kv_len // page)
     k_cache, v_cache = randn(blocks, page, kv_heads, d, dtype=BF16), randn(blocks, page, kv_heads, d, dtype=BF16)
     q = randn(1, heads, d, dtype=BF16)
@@ -42,9 +40,7 @@ def test_matmuls_behind_early_kernels_get_the_same_bits(randn, gpu):
         up = kernels.silu_mul(gate_up, early=early)
         o = paged_attention_triton(q, k_cache, v_cache, tables, cu_q, kv_lens, d ** -0.5, max_q_len=1,
                                    max_kv_len=kv_len, split_per_program=True, early=early)
-        fused_up = kernels.swiglu(x, gate_up_w, early=early)   # SiLU·up in the gate_up matmul's epilogue
-        return [kernels.matmul(normed, qkv_w), kernels.matmul(up, down_w), kernels.matmul(o.reshape(1, -1), o_w),
-                kernels.matmul(fused_up, down_w)]
+        return [kernels.matmul(normed, qkv_w), kernels.matmul(up, down_w), kernels.matmul(o.reshape(1, -1), o_w)]
 
     want = run(False)
     for _ in range(5):
