@@ -1,8 +1,6 @@
 """SiLU·up in the gate_up matmul's epilogue (kernels.swiglu) against the matmul and SiLU·up's own
 kernel, at one decode row on the 0.6B and 8B MLP shapes: each variant is a CUDA graph of one MLP's
-launches (weights rotated past the L2), with the down projection or without, and with SiLU·up's
-kernel letting the down projection launch early (the model does so for weights up to 16 MB:
-the 0.6B shape) or not.
+launches (weights rotated past the L2), with the down projection or without.
 
     python3 bench/kernels_swiglu.py [--out bench/results]
 """
@@ -25,14 +23,13 @@ SHAPES = {"0.6B": (1024, 3072), "8B": (4096, 14336)}   # hidden, intermediate
 
 
 def variants(x, weights):
-    def mlp(fused: bool, early: bool = False, down: bool = True):
+    def mlp(fused: bool, down: bool = True):
         def run():
             gate_up, down_w = weights()
-            up = kernels.swiglu(x, gate_up) if fused else kernels.silu_mul(kernels.matmul(x, gate_up), early=early)
+            up = kernels.swiglu(x, gate_up) if fused else kernels.silu_mul(kernels.matmul(x, gate_up))
             return kernels.matmul(up, down_w) if down else up
         return run
     return {
-        "gate_up, SiLU·up (down early), down": mlp(False, early=True),
         "gate_up, SiLU·up, down": mlp(False),
         "swiglu, down": mlp(True),
         "gate_up, SiLU·up": mlp(False, down=False),

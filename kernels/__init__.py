@@ -3,7 +3,7 @@
 Public API (everything else in detgate relies only on these names):
   matmul(a, b, bias=None)            a: [M, K], b: [K, N] -> [M, N]
   launches_early(b)                  whether the kernel ahead of a decode matmul over b lets it launch
-                                     early (the `early` of rms_norm_residual, silu_mul, paged_attention)
+                                     early (the `early` of rms_norm_residual, paged_attention)
   rms_norm(x, weight, eps)           one row per program
   rms_norm_residual(x, res, w, eps)  fused residual add + RMSNorm -> (normed, x + res)
   store_kv / paged_attention         paged KV cache write and causal attention

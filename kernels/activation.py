@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from kernels.device import dependent_launch_options, early_launch, let_dependents_launch, wait_for_kernel_ahead
+from kernels.device import dependent_launch_options, wait_for_kernel_ahead
 
 BLOCK = 1024
 
@@ -31,9 +31,7 @@ def silu_times(gate, up, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr,
-                     EARLY: tl.constexpr):
-    let_dependents_launch(EARLY)
+def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr):
     wait_for_kernel_ahead(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -43,9 +41,9 @@ def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexp
     tl.store(out_ptr + row * stride_out + cols, silu_times(gate, up, True), mask=mask)
 
 
-def silu_mul(x: torch.Tensor, early: bool = False) -> torch.Tensor:
-    """x [T, 2N] = [gate | up] -> silu(gate) * up [T, N], in x's dtype, in both kernel modes.
-    early: a decode matmul that gains from launching early follows (kernels.launches_early).
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [T, 2N] = [gate | up] -> silu(gate) * up [T, N], in x's dtype, in both kernel modes. The
+    model's batches take it; its decode steps, kernels.swiglu's epilogue.
 
     CUDA runs the fused kernel; elsewhere (the CPU, where the interpreter has no libdevice)
     torch does.
@@ -58,6 +56,6 @@ def silu_mul(x: torch.Tensor, early: bool = False) -> torch.Tensor:
     out = torch.empty(t, n, dtype=x.dtype, device=x.device)
     if t and n:
         _silu_mul_kernel[(t, triton.cdiv(n, BLOCK))](x, out, n, x.stride(0), out.stride(0), BLOCK=BLOCK,
-                                                   **dependent_launch_options(x.device), EARLY=early_launch(early, x),
-                                                   num_warps=4, enable_fp_fusion=False)
+                                                   **dependent_launch_options(x.device), num_warps=4,
+                                                   enable_fp_fusion=False)
     return out

@@ -412,8 +412,8 @@ def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     silu_mul(matmul(a, b))'s bits in both kernel modes. At decode on the GPU one launch: the matmul's
     epilogue computes each output once, and no [M, 2I] intermediate is written.
 
-    Unlike silu_mul, it never lets the matmul behind it launch early: triggered from a matmul, the
-    early launch cost one row's 0.6B MLP 13.1 -> 21.5 us (bench/results/kernels_swiglu.md)."""
+    It never lets the matmul behind it launch early, as the norm does: triggered from a matmul,
+    the early launch cost one row's 0.6B MLP 13.1 -> 21.5 us (bench/results/kernels_swiglu.md)."""
     _check(a, b, None)
     if b.shape[1] % 2:
         raise ValueError(f"b must be [gate | up] with an even number of columns, got {tuple(b.shape)}")
@@ -424,7 +424,7 @@ def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def launches_early(b: torch.Tensor) -> bool:
     """Whether the kernel ahead of a decode matmul over weights b should let it launch at that
-    kernel's top (the `early` of rms_norm_residual, silu_mul and paged_attention)."""
+    kernel's top (the `early` of rms_norm_residual and paged_attention)."""
     return b.numel() * b.element_size() <= _EARLY_MAX_BYTES
 
 
