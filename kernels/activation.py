@@ -1,7 +1,8 @@
 """SwiGLU's elementwise half, `silu(gate) * up`, in one launch instead of torch's two, with
 torch's bits: silu in fp32 as x / (1 + expf(-x)) (the same libdevice expf, an IEEE
 division), rounded to the input dtype, then the product of the two rounded values
-rounded once more. At decode the launch, not the arithmetic, is the cost.
+rounded once more. A batch runs this kernel; at decode, where the launch and not the
+arithmetic is the cost, the gate_up matmul's epilogue applies the same formula (kernels.swiglu).
 """
 from __future__ import annotations
 
