@@ -68,8 +68,8 @@ def fmt(value: float, unit: str | None, decimals: int | None = None) -> str:
         return "NaN"
     if decimals is not None and unit in (None, "short", "none"):
         return f"{value:.{decimals}f}"
-    if unit == "percentunit":
-        return f"{value * 100:.1f}%"
+    if unit == "percentunit":   # three significant digits: 0.05% and 0.15% ticks stay apart
+        return f"{value * 100:.3g}%"
     if unit == "s":
         return f"{value * 1000:.1f} ms" if abs(value) < 1 else f"{value:.2f} s"
     if unit == "bytes":
