@@ -86,6 +86,8 @@ key = "{BATCH_KEY}"
 # Long enough for identical concurrent requests to overlap and be coalesced.
 STEADY = Behaviour(delay_s=UPSTREAM_DELAY_S)
 FAILING = Behaviour(delay_s=UPSTREAM_DELAY_S, fail_status=500)
+# Its provider's filter cut the answer: served, and not stored (store_finish).
+FILTERED = Behaviour(delay_s=UPSTREAM_DELAY_S, finish="content_filter")
 GREETINGS = ("Hello! How can I help you today?", "Hi there! What can I do for you?", "Hey! What do you need?")
 
 
@@ -242,7 +244,8 @@ async def drive(stack: Stack, rounds: int, tag: str) -> Counter:
     today's date and a UUID, identical concurrent requests, embeddings, majority votes and
     schema-checked answers from the noisy upstream, retried faults, a canary's upstream,
     a burst past the upstream slots, a burst past tenant batch's rate limit, an upstream
-    that fails, bad input, a cache bypass, and the backend behind the gateway."""
+    that fails, an answer its provider's filter cut, bad input, a cache bypass, and the
+    backend behind the gateway."""
     seen: Counter = Counter()
     app, batch = Client(stack, APP_KEY, seen), Client(stack, BATCH_KEY, seen)
     ask = app.ask
@@ -273,6 +276,8 @@ async def drive(stack: Stack, rounds: int, tag: str) -> Counter:
                 await ask("local", f"t1 t2 t3 {tag} {r}", model=f"local/{BACKEND_MODEL}", max_tokens=8, stream=stream)
             stack.upstream.behaviour = FAILING
             await ask("doomed", f"{tag} doomed {r}")
+            stack.upstream.behaviour = FILTERED
+            await ask("filtered", f"{tag} filtered {r}")
             stack.upstream.behaviour = STEADY
             await ask("no-store", f"{tag} no-store {r}", extra_headers={"x-detgate-cache-control": "no-store"})
             try:

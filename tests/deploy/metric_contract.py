@@ -46,6 +46,8 @@ GATEWAY = {
     "detgate_cache_bypass_total": Metric("counter", ("reason",)),
     "detgate_refreshes_total": Metric("counter", ("tenant", "control", "outcome")),
     "detgate_cache_tamper_total": Metric("counter"),
+    # Issue 22: complete answers the store rules (store_finish) keep out of the cache.
+    "detgate_cache_declined_total": Metric("counter", ("finish",)),
 }
 
 # Issue 4: the whitebox backend.

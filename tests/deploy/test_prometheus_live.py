@@ -154,7 +154,8 @@ SHOWS = {
     "Sampling parameters rewritten / A": {"param": {"temperature", "seed"}},
     "Hidden variables detected / A": {"kind": {"date", "uuid"}},
     "Cache errors by operation / A": {"op": {"get", "put"}},
-    "Cache bypasses by reason / A": {"reason": {"store_down", "no-store"}},
+    "Cache bypasses, and answers not stored / A": {"reason": {"store_down", "no-store"}},
+    "Cache bypasses, and answers not stored / B": {"finish": {"content_filter"}},
     "Schema-validated attempts / A": {"result": {"valid", "invalid"}},
     "Drift events (dashboard time range) / A": {"kind": {"fingerprint", "canary"}, "upstream": {"pinned"}},
     # "recorded" happens once per canary, in its series' first sample: no rate() can show it.
