@@ -25,6 +25,11 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+# A decode step's rows: the matmul's decode tiles take at most this many (kernels.matmul), and
+# early launches (early_launch) were measured there.
+DECODE_ROWS = 16
+
+
 def dependent_launch(device: torch.device) -> bool:
     """Whether a kernel may launch before the one ahead of it ends (programmatic dependent launch:
     sm_90 and later, and a Triton that has griddepcontrol). The decode path's kernels launch so
@@ -50,8 +55,8 @@ def dependent_launch_options(device: torch.device, on: bool = True) -> dict:
 def early_launch(early: bool, x: torch.Tensor) -> bool:
     """EARLY for a kernel over the rows of x whose caller asks for `early` (a matmul that gains
     follows: kernels.matmul.launches_early): only where dependent launches run, and at decode
-    (at most 16 rows), the one place it was measured."""
-    return early and x.shape[0] <= 16 and dependent_launch(x.device)
+    (at most DECODE_ROWS rows), the one place it was measured."""
+    return early and x.shape[0] <= DECODE_ROWS and dependent_launch(x.device)
 
 
 @triton.jit

@@ -21,13 +21,15 @@ and tests/kernels/test_matmul.py checks the ones used here, split or not.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.activation import silu_mul, silu_times
-from kernels.device import dependent_launch_options, sm_count, wait_for_kernel_ahead
+from kernels.device import DECODE_ROWS, dependent_launch_options, sm_count, wait_for_kernel_ahead
 from kernels.mode import get_mode, use_triton
 from kernels.toolchain import FP_FUSION
 
@@ -53,7 +55,7 @@ CONFIGS = {
     # Decode, 1..16 rows, where the weight read is all the cost: a program per (tile, K
     # segment); with one segment, the pointer kernel. Over a layer's four matmuls the fastest
     # of the sweep, 3-5% ahead of 4 warps (bench/results/kernels_decode_options.md).
-    "decode": (16, 64, 8, 4, "split"),
+    "decode": (DECODE_ROWS, 64, 8, 4, "split"),
 }
 _GROUP_M = 8
 # A decode matmul over at most this many weight bytes gains from launching while the kernel ahead
@@ -81,7 +83,7 @@ def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[i
         # the block shape, so there one shape serves every M. fp32 is not a
         # serving dtype: one config whose fp32 tiles fit in shared memory.
         return CONFIGS["medium"]
-    if m <= 16:
+    if m <= DECODE_ROWS:
         return CONFIGS["decode"]
     sms = sm_count(device)
     fill = 0.8 * sms
@@ -386,16 +388,12 @@ def _matmul_triton(a, b, bias, config=None, gated=False):
     block_m, block_n, warps, stages, kernel = config or _config(M, N, a.dtype, a.device)
     tma_ok = a.stride(1) == 1 and _tma_ready(a) and _tma_ready(b) and _tma_ready(c)
     if kernel == "split" and segments[0] > 1:
-        launch = _launch_split
+        launch = functools.partial(_launch_split, gated=gated)
     elif kernel == "tma" and tma_ok and not gated:
         launch = _launch_tma
     else:
-        launch = _launch_pointer
-    args = (a, b, bias, c, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
-    if gated:
-        launch(*args, gated=True)
-    else:
-        launch(*args)
+        launch = functools.partial(_launch_pointer, gated=gated)
+    launch(a, b, bias, c, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
     return c
 
 
@@ -404,7 +402,7 @@ def _fuses_swiglu(a: torch.Tensor, b: torch.Tensor) -> bool:
     as many up columns). A batch's large tiles keep the vendor-speed TMA kernel and a SiLU·up launch."""
     half_tile = CONFIGS["decode"][1] // 2
     return (a.is_cuda and _config(a.shape[0], b.shape[1], a.dtype, a.device)[4] == "split"
-            and a.shape[0] > 0 and a.shape[1] > 0 and (b.shape[1] // 2) % half_tile == 0)
+            and (b.shape[1] // 2) % half_tile == 0)
 
 
 def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

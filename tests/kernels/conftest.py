@@ -4,6 +4,7 @@ Without CUDA the Triton kernels run under the interpreter, which must be
 switched on before any kernel module is imported (triton.jit reads it when a
 kernel is defined), so it is set here, at collection, rather than in a fixture.
 """
+import importlib
 import os
 import zlib
 
@@ -39,3 +40,12 @@ def randn(gen, device):
     def draw(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
     return draw
+
+
+@pytest.fixture
+def small_segments(monkeypatch):
+    """The matmul's split rule at any size: a segment per BLOCK_K step, as many as there are steps,
+    so that the split launch runs at the interpreter's small K and on shapes that have one segment."""
+    matmul_module = importlib.import_module("kernels.matmul")   # not the function `kernels` exports
+    monkeypatch.setattr(matmul_module, "_MIN_SEGMENT_STEPS", 1)
+    monkeypatch.setattr(matmul_module, "_SPLIT_PROGRAMS", 1 << 20)

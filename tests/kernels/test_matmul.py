@@ -69,13 +69,6 @@ def test_every_tile_config_gives_the_same_bits(dtype, randn, gpu):
             assert torch.equal(out, first), (config, kernel)
 
 
-@pytest.fixture
-def small_segments(monkeypatch):
-    """The split rule at test sizes: a segment per BLOCK_K step, as many as there are steps."""
-    monkeypatch.setattr(matmul_module, "_MIN_SEGMENT_STEPS", 1)
-    monkeypatch.setattr(matmul_module, "_SPLIT_PROGRAMS", 1 << 20)
-
-
 @pytest.mark.parametrize("with_bias", (False, True))
 def test_split_programs_add_segments_as_one_program_does(with_bias, randn, small_segments):
     # A decode step gives each K segment its own program, the last of a tile adding their

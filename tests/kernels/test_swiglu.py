@@ -2,8 +2,6 @@
 the matmul's epilogue computes it, in a batch the two launches do, and a row's bits do not
 depend on which. Under the interpreter (fp16: its bf16 dot is wrong) the epilogue's exp is
 numpy's, so the reference takes numpy's too; on a GPU both are CUDA's expf."""
-import importlib
-
 import numpy as np
 import pytest
 import torch
@@ -11,7 +9,6 @@ import torch
 import kernels
 from kernels.matmul import CONFIGS, _fuses_swiglu, _matmul_triton, k_segments
 
-matmul_module = importlib.import_module("kernels.matmul")
 GPU = torch.cuda.is_available()
 DTYPE = torch.bfloat16 if GPU else torch.float16
 # (K, 2I): the 0.6B and 8B shapes' gate_up on a GPU; under the interpreter, two tiles of 32 pairs.
@@ -26,13 +23,6 @@ def silu_mul_of(h: torch.Tensor) -> torch.Tensor:
     return (silu.float() * up.float()).to(h.dtype)
 
 
-@pytest.fixture
-def small_segments(monkeypatch):
-    """K segments for every shape (the 8B shape's gate_up has one), so that the split launch runs."""
-    monkeypatch.setattr(matmul_module, "_MIN_SEGMENT_STEPS", 1)
-    monkeypatch.setattr(matmul_module, "_SPLIT_PROGRAMS", 1 << 20)
-
-
 @pytest.mark.parametrize("kernel", ("pointer", "split"))
 @pytest.mark.parametrize("K,N", SHAPES)
 def test_epilogue_gives_silu_mul_of_the_matmul(kernel, K, N, randn, small_segments):
@@ -44,6 +34,15 @@ def test_epilogue_gives_silu_mul_of_the_matmul(kernel, K, N, randn, small_segmen
         a = randn(m, K, dtype=DTYPE)
         want = silu_mul_of(_matmul_triton(a, weight.t(), None, config))
         assert torch.equal(_matmul_triton(a, weight.t(), None, config, gated=True), want)
+
+
+def test_epilogue_at_edge_sizes(randn):
+    # No rows, and K = 0, whose product is silu(0) * 0 = 0: what swiglu's decode path may be given.
+    config = CONFIGS["decode"]
+    assert _matmul_triton(randn(0, 40, dtype=DTYPE), randn(128, 40, dtype=DTYPE).t(), None, config,
+                          gated=True).shape == (0, 64)
+    out = _matmul_triton(randn(3, 0, dtype=DTYPE), randn(128, 0, dtype=DTYPE).t(), None, config, gated=True)
+    assert out.shape == (3, 64) and not out.any()
 
 
 @pytest.mark.parametrize("K,N", SHAPES)
