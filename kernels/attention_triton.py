@@ -27,9 +27,7 @@ Why a row's bits depend only on its own query and its own sequence's KV:
   so "fold every split in one program" (prefill, large batches) and "store the
   partials of some splits per program, then fold them" (small decode batches)
   give identical bits; the wrapper picks whichever fills the GPU better, and how
-  many splits a program takes only shapes the launch. At decode the last split
-  program of a (sequence, KV head) to finish folds them (an arrival count, as
-  the split-K matmul's); elsewhere a fold kernel does, with the same steps.
+  many splits a program takes only shapes the launch.
 - Why splits grow with position: one-tile splits let a short context spread over
   many programs (decode at batch 1 is latency-bound), but every split is one more
   step of the serial fold; past BAND_TILES the fold would dominate, so splits
@@ -44,8 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.device import (arrival_counts, dependent_launch_options, early_launch, let_dependents_launch, sm_count,
-                            wait_for_kernel_ahead)
+from kernels.device import dependent_launch_options, early_launch, let_dependents_launch, sm_count, wait_for_kernel_ahead
 from kernels.toolchain import FP_FUSION
 
 # The constants that fix every row's summation order: changing any of them changes output
@@ -111,8 +108,6 @@ _MAX_PARTIALS_BYTES = 1 << 30
 # changes bits.
 _FOLD = {"narrow": (1, 32, 32, 1), "wide": (8, None, 8, 4), "cpu": (64, None, 8, 4)}
 _FOLD_NARROW_ROWS_PER_SM = 8
-# Splits whose loads the decode kernel's last split program keeps in flight as it folds its G rows.
-_FOLD_UNROLL = 8
 
 
 @triton.jit
@@ -308,7 +303,7 @@ def _store_partial(part_o_ptr, part_ml_ptr, part, part_ok, row_ok, d, d_ok, m, l
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_ml_ptr, counts_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_ml_ptr,
     block_tables_ptr, cu_q_ptr, kv_lens_ptr, cu_tiles_ptr,
     S, n_iter, scale_log2, tiles_per_program, chunks_per_program, tile_programs,
     stride_qt, stride_qh,
@@ -319,13 +314,11 @@ def _attention_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, G: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND: tl.constexpr, CHUNK: tl.constexpr,
     WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr, PDL: tl.constexpr,
-    FOLD_ROWS: tl.constexpr, FOLD_UNROLL: tl.constexpr, EARLY: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // G
     ROWS: tl.constexpr = BLOCK_Q * G
     PADDED: tl.constexpr = ROWS != BLOCK_M
     PAIRS: tl.constexpr = DECODE and G <= 8  # see _pair_rows
-    let_dependents_launch(EARLY)
     wait_for_kernel_ahead(PDL)
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -400,18 +393,6 @@ def _attention_kernel(
                                        PAGE, BLOCK_N, BLOCK_M, BLOCK_D)
                     _store_partial(part_o_ptr, part_ml_ptr, part + (BAND + c) * stride_ps, out_ok, row_ok, d,
                                    d_ok, m, l, acc, BLOCK_D, PAIRS)
-        if FOLD_UNROLL:
-            # Decode: the last of this (sequence, KV head)'s split programs to finish folds its G
-            # rows, with the fold kernel's steps. Every thread's partials before the count (barrier,
-            # then release), the others' read after it (acquire).
-            tl.debug_barrier()
-            count = counts_ptr + tile * tl.num_programs(1) + kv_head
-            if tl.atomic_add(count, 1, sem="acq_rel") == tl.num_programs(2) - 1:
-                i = tl.arange(0, FOLD_ROWS)
-                n_splits = tl.where(i < G, _split_of(t_end - 1, BAND, CHUNK, WIDE_FROM, WIDE) + 1, 0)
-                _fold_splits(o_ptr, part_o_ptr, part_ml_ptr, q_start + i * 0, kv_head * G + i, n_splits, d, d_ok,
-                             stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, BLOCK_D, FOLD_UNROLL)
-                tl.store(count, 0)   # ready for the next call, or the next graph replay
     else:
         M = tl.full([BLOCK_M], float("-inf"), tl.float32)
         L = tl.zeros([BLOCK_M], tl.float32)
@@ -439,55 +420,48 @@ def _attention_kernel(
 
 
 @triton.jit
-def _fold_splits(o_ptr, part_o_ptr, part_ml_ptr, t, h, n_splits, d, d_ok,
-                 stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr):
-    """Rows (token t, head h) fold their first n_splits partials, in order 0, 1, ..., and store O / L in
-    columns d. A row that has run out of splits folds the empty split (-inf, 0, 0): an exact no-op,
-    so neither UNROLL nor which rows share a program changes a bit. The partials are read from L2
-    (.cg): in the decode kernel, other programs on other SMs wrote them."""
-    M = tl.full(t.shape, float("-inf"), tl.float32)
-    L = tl.zeros(t.shape, tl.float32)
-    O = tl.zeros([t.shape[0], d.shape[0]], tl.float32)
+def _fold_partials_kernel(
+    o_ptr, part_o_ptr, part_ml_ptr, cu_q_ptr, kv_lens_ptr,
+    S, n_iter, n_rows,
+    stride_ot, stride_oh, stride_pt, stride_ph, stride_ps,
+    H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, CHUNK_D: tl.constexpr,
+    UNROLL: tl.constexpr, DECODE_ONLY: tl.constexpr, BLOCK_N: tl.constexpr, BAND: tl.constexpr,
+    CHUNK: tl.constexpr, WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
+):
+    let_dependents_launch(EARLY)
+    wait_for_kernel_ahead(PDL)
+    # Rows are (token, head) pairs; each folds its own splits, up to the one holding pos. A row
+    # that has run out of splits folds the empty split (-inf, 0, 0): an exact no-op.
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    t = r // H
+    h = r % H
+    if DECODE_ONLY:  # token t is sequence t's only query, at its last position: no search
+        pos = tl.load(kv_lens_ptr + tl.minimum(t, S - 1)) - 1
+    else:
+        seq = tl.minimum(_seq_of(cu_q_ptr, t, S, n_iter), S - 1)
+        q_start = tl.load(cu_q_ptr + seq)
+        q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+        pos = tl.load(kv_lens_ptr + seq) - q_len + (t - q_start)
+    n_splits = tl.where(r < n_rows, _split_of(pos // BLOCK_N, BAND, CHUNK, WIDE_FROM, WIDE) + 1, 0)
+
+    d = tl.program_id(1) * CHUNK_D + tl.arange(0, CHUNK_D)
+    d_ok = d < D
+    M = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    L = tl.zeros([BLOCK_R], tl.float32)
+    O = tl.zeros([BLOCK_R, CHUNK_D], tl.float32)
     # The fold is a serial chain; unrolling lets the loads of UNROLL splits be in flight at once.
     for group in range(0, tl.cdiv(tl.max(n_splits, 0), UNROLL)):
         for i in tl.static_range(UNROLL):
             sp = group * UNROLL + i
             take = sp < n_splits
             part = t * stride_pt + h * stride_ph + sp * stride_ps
-            acc = tl.load(part_o_ptr + part[:, None] + d[None, :], mask=take[:, None] & d_ok[None, :], other=0.0,
-                          cache_modifier=".cg")
-            m = tl.load(part_ml_ptr + part // BLOCK_D * 2, mask=take, other=float("-inf"), cache_modifier=".cg")
-            l = tl.load(part_ml_ptr + part // BLOCK_D * 2 + 1, mask=take, other=0.0, cache_modifier=".cg")
+            acc = tl.load(part_o_ptr + part[:, None] + d[None, :], mask=take[:, None] & d_ok[None, :], other=0.0)
+            m = tl.load(part_ml_ptr + part // BLOCK_D * 2, mask=take, other=float("-inf"))
+            l = tl.load(part_ml_ptr + part // BLOCK_D * 2 + 1, mask=take, other=0.0)
             M, L, O = _fold(M, L, O, m, l, acc)
     o = tl.div_rn(O, tl.where(L > 0, L, 1.0)[:, None])  # L == 0 only on rows never stored
     tl.store(o_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :],
              o.to(o_ptr.dtype.element_ty), mask=(n_splits > 0)[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def _fold_partials_kernel(
-    o_ptr, part_o_ptr, part_ml_ptr, cu_q_ptr, kv_lens_ptr,
-    S, n_iter, n_rows,
-    stride_ot, stride_oh, stride_pt, stride_ph, stride_ps,
-    H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, CHUNK_D: tl.constexpr,
-    UNROLL: tl.constexpr, BLOCK_N: tl.constexpr, BAND: tl.constexpr,
-    CHUNK: tl.constexpr, WIDE_FROM: tl.constexpr, WIDE: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-):
-    """The split path's fold where a call has queries of several positions (decode folds in its last
-    split program): rows are (token, head) pairs, each folding its own splits up to the one holding
-    its position."""
-    let_dependents_launch(EARLY)
-    wait_for_kernel_ahead(PDL)
-    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    t = r // H
-    seq = tl.minimum(_seq_of(cu_q_ptr, t, S, n_iter), S - 1)
-    q_start = tl.load(cu_q_ptr + seq)
-    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
-    pos = tl.load(kv_lens_ptr + seq) - q_len + (t - q_start)
-    n_splits = tl.where(r < n_rows, _split_of(pos // BLOCK_N, BAND, CHUNK, WIDE_FROM, WIDE) + 1, 0)
-    d = tl.program_id(1) * CHUNK_D + tl.arange(0, CHUNK_D)
-    _fold_splits(o_ptr, part_o_ptr, part_ml_ptr, t, r % H, n_splits, d, d < D,
-                 stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, BLOCK_D, UNROLL)
 
 
 @triton.jit
@@ -607,12 +581,8 @@ def paged_attention_triton(
         per_tile, per_chunk, tile_programs, grid_splits = 0, 0, 0, 1
         part_o = part_ml = o  # unused by the fold-in-program path
     pdl = dependent_launch_options(q.device)
-    # Decode folds in the last split program of each (sequence, KV head): one launch fewer. With
-    # queries of several positions, rows of one program need different splits: a fold kernel.
-    fold_here = split_per_program and decode_only
-    counts = arrival_counts(q.device, "attention", n_tiles * h_kv) if fold_here else o
     _attention_kernel[(n_tiles, h_kv, grid_splits)](
-        q, k_cache, v_cache, o, part_o, part_ml, counts,
+        q, k_cache, v_cache, o, part_o, part_ml,
         block_tables, cu_seqlens_q, kv_lens, cu_tiles,
         S, _n_iter(S), scale * math.log2(math.e), per_tile, per_chunk, tile_programs,
         q.stride(0), q.stride(1),
@@ -622,12 +592,10 @@ def paged_attention_triton(
         *(part_o.stride()[:3] if split_per_program else (0, 0, 0)),
         D=D, BLOCK_D=BLOCK_D, G=G, PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=BLOCK_N,
         BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, SPLIT=bool(split_per_program),
-        DECODE=decode_only, **pdl, FOLD_ROWS=triton.next_power_of_2(G),
-        FOLD_UNROLL=min(_FOLD_UNROLL, triton.next_power_of_2(n_splits)) if fold_here else 0,
-        EARLY=fold_here and early_launch(early, q), num_warps=num_warps,
+        DECODE=decode_only, **pdl, num_warps=num_warps,
         num_stages=DECODE_STAGES if max_q_len <= block_q else NUM_STAGES, enable_fp_fusion=FP_FUSION,
     )
-    if split_per_program and not fold_here:
+    if split_per_program:
         if not q.is_cuda:
             fold = "cpu"
         else:
@@ -639,7 +607,7 @@ def paged_attention_triton(
             S, _n_iter(S), T * H,
             o.stride(0), o.stride(1), *part_o.stride()[:3],
             H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=rows, CHUNK_D=chunk_d,
-            UNROLL=min(max_unroll, triton.next_power_of_2(n_splits)), BLOCK_N=BLOCK_N,
+            UNROLL=min(max_unroll, triton.next_power_of_2(n_splits)), DECODE_ONLY=decode_only, BLOCK_N=BLOCK_N,
             BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, **pdl,
             EARLY=early_launch(early, q), num_warps=warps, enable_fp_fusion=FP_FUSION,
         )

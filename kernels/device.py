@@ -30,24 +30,6 @@ def _sm_count(index: int) -> int:
 DECODE_ROWS = 16
 
 
-# Per (device, kernel family): one count per group of programs whose last to arrive finishes the
-# group's work (the split matmul's K segments, the decode attention's splits). Every launch leaves
-# them at zero, that last program resetting its own, so a CUDA graph replays without a memset. Two
-# launches of one family running at once on different streams would share them: the engine runs one.
-_arrivals: dict[tuple[torch.device, str], torch.Tensor] = {}
-
-
-def arrival_counts(device: torch.device, family: str, n: int) -> torch.Tensor:
-    """At least n zeroed int32 arrival counts of a kernel family on device."""
-    counts = _arrivals.get((device, family))
-    if counts is None or counts.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # Zeros written during capture would exist only once the graph replays.
-            raise RuntimeError(f"run a {family} launch of this size once before capturing it in a CUDA graph")
-        counts = _arrivals[device, family] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return counts
-
-
 def dependent_launch(device: torch.device) -> bool:
     """Whether a kernel may launch before the one ahead of it ends (programmatic dependent launch:
     sm_90 and later, and a Triton that has griddepcontrol). The decode path's kernels launch so

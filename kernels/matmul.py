@@ -29,8 +29,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.activation import silu_mul, silu_times
-from kernels.device import (DECODE_ROWS, arrival_counts, dependent_launch_options, early_launch, sm_count,
-                            wait_for_kernel_ahead)
+from kernels.device import DECODE_ROWS, dependent_launch_options, sm_count, wait_for_kernel_ahead
 from kernels.mode import get_mode, use_triton
 from kernels.toolchain import FP_FUSION
 
@@ -63,9 +62,6 @@ _GROUP_M = 8
 # of it still runs (launches_early): on an H200, one 0.6B request (weights of 4-13 MB a matmul)
 # +5%, one 8B request (33-235 MB) -5% (bench/results/backend_early_launch_ab.md).
 _EARLY_MAX_BYTES = 16 << 20
-# Steps of B that such a matmul's program prefetches into L2 before it waits for the kernel ahead:
-# a decode segment's length (_MIN_SEGMENT_STEPS) at the small shapes.
-_PREFETCH_STEPS = 8
 # One 128x256 tile's time over two 128x128 tiles', H100 under sustained load (clocks held
 # down by the power cap, as in serving): 0.92-0.94 at K=4096/14336, N=4096/14336, M=2048-8192.
 _LARGE_TILE_TIME = 0.93
@@ -121,8 +117,9 @@ def _matmul_kernel(
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PARTIAL: tl.constexpr,
     GATED: tl.constexpr, LIBDEVICE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    GROUP_M: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_kernel_ahead(PDL)
     # Grouped launch order so that consecutive programs share B tiles in L2.
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -161,13 +158,6 @@ def _matmul_kernel(
         first_segment = 0
         last_segment = SEGMENTS
     steps = tl.cdiv(K, BLOCK_K)
-    if PREFETCH:
-        # Launched early (the kernel ahead let it): the weights do not depend on that kernel, so
-        # they start for L2 while it runs, and the loads below find them there.
-        first = first_segment * SEGMENT_STEPS
-        _prefetch_columns(b_ptr, first, tl.minimum(first + SEGMENT_STEPS, steps) - first, cols, stride_bn,
-                          PREFETCH, BLOCK_K)
-    wait_for_kernel_ahead(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for segment in range(first_segment, last_segment):
         part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -209,17 +199,6 @@ def _matmul_kernel(
     else:
         _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, M, N, pid_n, stride_cm, stride_cn, HAS_BIAS,
                 GATED, LIBDEVICE, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def _prefetch_columns(b_ptr, first_step, n_steps, cols, stride_bn, STEPS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """prefetch.global.L2 of B's lines for the first STEPS of steps [first_step, first_step + n_steps),
-    B stored column by column (stride_bk 1), a step of a column one line (_prefetches):
-    a line per (step, column), the steps past n_steps repeating the last."""
-    s = first_step + tl.minimum(tl.arange(0, STEPS), n_steps - 1)
-    lines = b_ptr + (s * BLOCK_K).to(tl.int64)[:, None] + cols.to(tl.int64)[None, :] * stride_bn
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [lines], dtype=tl.int32, is_pure=False,
-                              pack=1)
 
 
 @triton.jit
@@ -364,25 +343,33 @@ def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, s
         HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0, IEEE=a.dtype == torch.float32,
         PARTIAL=parts is not None, GATED=gated, LIBDEVICE=a.is_cuda,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
-        **dependent_launch_options(a.device), PREFETCH=_prefetches(a, b, block_k),
+        **dependent_launch_options(a.device),
         # The SiLU·up epilogue keeps its roundings apart, as silu_mul's kernel does; the
         # matmul itself has no product to fuse an addition into (tl.dot accumulates).
         num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION and not gated,
     )
 
 
-def _prefetches(a: torch.Tensor, b: torch.Tensor, block_k: int) -> int:
-    """PREFETCH of a pointer launch: at decode, over weights small enough to launch early
-    (launches_early), stored as nn.Linear's (b = weight.t()) with a step's column one 128-byte line."""
-    line = b.stride(0) == 1 and block_k * b.element_size() == 128
-    return _PREFETCH_STEPS if line and early_launch(launches_early(b), a) else 0
+# Per device, one arrival count per tile of a split launch, left at zero by every launch. Two
+# split launches running at once on different streams would share them: the engine runs one.
+_counts: dict[torch.device, torch.Tensor] = {}
+
+
+def _tile_counts(device: torch.device, tiles: int) -> torch.Tensor:
+    counts = _counts.get(device)
+    if counts is None or counts.numel() < tiles:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # Zeros written during capture would exist only once the graph replays.
+            raise RuntimeError("run a split matmul of this size once before capturing it in a CUDA graph")
+        counts = _counts[device] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+    return counts
 
 
 def _launch_split(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, gated=False):
     """A program per (tile, K segment), in one launch: see PARTIAL in _matmul_kernel."""
     M, N = a.shape[0], b.shape[1]
     parts = torch.empty((segments[0], M, N), dtype=torch.float32, device=a.device)
-    counts = arrival_counts(a.device, "matmul", triton.cdiv(M, block_m) * triton.cdiv(N, block_n))
+    counts = _tile_counts(a.device, triton.cdiv(M, block_m) * triton.cdiv(N, block_n))
     _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts, counts, gated)
 
 

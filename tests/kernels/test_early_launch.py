@@ -8,7 +8,6 @@ import torch
 import kernels
 from kernels.attention_triton import paged_attention_triton
 from kernels.device import dependent_launch, early_launch
-from kernels.matmul import _prefetches
 
 BF16 = torch.bfloat16
 
@@ -24,15 +23,6 @@ def test_early_only_for_decode_rows_where_dependent_launches_run(device):
 def test_small_weights_launch_early(shape, early):
     # The 0.6B shape's qkv and down, the 8B shape's qkv and gate_up.
     assert kernels.launches_early(torch.empty(shape, dtype=BF16, device="meta")) == early
-
-
-def test_decode_matmuls_over_small_linear_weights_prefetch_them(device):
-    # Prefetching reads nothing early (the loads still come after the wait), so only its gate is stated.
-    one, many = torch.zeros(1, 1024, dtype=BF16, device=device), torch.zeros(17, 1024, dtype=BF16, device=device)
-    small, large = torch.zeros(4096, 1024, dtype=BF16, device=device), torch.zeros(8192, 4096, dtype=BF16, device=device)
-    assert _prefetches(one, small.t(), 64) == (8 if dependent_launch(one.device) else 0)
-    assert _prefetches(many, small.t(), 64) == _prefetches(one, large.t(), 64) == 0
-    assert _prefetches(one, small.view(1024, 4096), 64) == 0   # a row of B per step: lines of another shape
 
 
 def test_matmuls_behind_early_kernels_get_the_same_bits(randn, gpu):
