@@ -81,7 +81,6 @@ def attention_layout_problem(num_heads: int, num_kv_heads: int, head_dim: int) -
 # changes order (bits equal in every case of that bench).
 NUM_STAGES = 2
 DECODE_STAGES = 3
-DECODE_MAXNREG = None
 
 # The split path (decode-like calls only: a prefill's partials would be T*H rows per
 # split) runs while the fold-in-program path would have fewer programs than SMs (it fits
@@ -94,9 +93,6 @@ DECODE_MAXNREG = None
 # decode sweeps (bench/results/kernels_attention_notes.md): these picks were the best or
 # within 5% of it at batch 1-16, context 512-32768. None of them changes bits.
 _SPLIT_PROGRAMS_PER_SM = 2
-# Decode within the band off the split path walks (sequence, KV head) items with this many programs
-# an SM: as many as fit (registers and shared memory of a 64-row program).
-_WALK_PROGRAMS_PER_SM = 2
 # The partials buffer of the split path is T*H*splits*D fp32; past this size the
 # fold-in-program path runs instead (same bits, no buffer), even when the split path was
 # asked for: the kernels index the buffer in int32, and a forced split on a long prefill
@@ -424,77 +420,6 @@ def _attention_kernel(
 
 
 @triton.jit
-def _pick(values, ks, k):
-    """values[k] of a short vector indexed by ks (a masked sum: exact for integers)."""
-    return tl.sum(tl.where(ks == k, values, 0), 0)
-
-
-@triton.jit
-def _decode_walk_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, block_tables_ptr, cu_q_ptr, kv_lens_ptr,
-    S, H_KV, scale_log2,
-    stride_qt, stride_qh, stride_kb, stride_kp, stride_kh, stride_ot, stride_oh, stride_bt,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, G: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ITEMS: tl.constexpr, PDL: tl.constexpr,
-):
-    """Decode within the band (every split one tile), the fold-in-program path's steps: program p
-    takes the (sequence, KV head) items p, p + P, ... and walks all their tiles as one loop. Which
-    item and tile an iteration serves is a function of the iteration alone, so the pipeline loads
-    the next item's first tiles while the current one's last are computed; one item a program left
-    each program's first loads waiting (256 sequences of 128 positions ran at half the KV floor).
-    Every tile takes the masked walk, which gives the unmasked one's bits (module docstring)."""
-    BLOCK_Q: tl.constexpr = BLOCK_M // G
-    ROWS: tl.constexpr = BLOCK_Q * G
-    PADDED: tl.constexpr = ROWS != BLOCK_M
-    PAIRS: tl.constexpr = G <= 8  # see _pair_rows
-    wait_for_kernel_ahead(PDL)
-    ks = tl.arange(0, ITEMS)
-    items = tl.program_id(0) + ks * tl.num_programs(0)
-    seqs = tl.minimum(items // H_KV, S - 1)
-    q_starts = tl.load(cu_q_ptr + seqs)
-    lens = tl.load(kv_lens_ptr + seqs)
-    live = (items < S * H_KV) & (tl.load(cu_q_ptr + seqs + 1) > q_starts)
-    tiles = tl.where(live, (lens + BLOCK_N - 1) // BLOCK_N, 0)
-    ends = tl.cumsum(tiles, 0)   # the program's iterations up to each item's last tile
-
-    r = tl.arange(0, BLOCK_M)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
-    M = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    L = tl.zeros([BLOCK_M], tl.float32)
-    O = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for j in range(0, tl.sum(tiles, 0)):
-        k = tl.sum((ends <= j).to(tl.int32), 0)   # this iteration's item ...
-        t = j - (_pick(ends, ks, k) - _pick(tiles, ks, k))   # ... and its tile
-        seq = _pick(seqs, ks, k)
-        kv_head = _pick(items, ks, k) % H_KV
-        kv_len = _pick(lens, ks, k)
-        q_start = _pick(q_starts, ks, k)
-        first = (kv_len - 1) // BLOCK_Q * BLOCK_Q
-        pos, tok, head, row_ok = _rows(r, first, kv_len - 1, 1, kv_head, G, ROWS, PADDED)
-        q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        m, l, acc = _tile_split(q, k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_kh,
-                                block_tables_ptr + seq * stride_bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
-                                stride_kb, stride_kp, PAGE, BLOCK_N, True)
-        # An item's first tile folds into the empty state: exactly itself.
-        M = tl.where(t == 0, float("-inf"), M)
-        L = tl.where(t == 0, 0.0, L)
-        O = tl.where(t == 0, 0.0, O)
-        M, L, O = _fold(M, L, O, m, l, acc)
-        if t == _pick(tiles, ks, k) - 1:
-            out_tok, out_head, out_ok, Op, Lp = tok, head, row_ok, O, L
-            if PAIRS:
-                _, out_tok, out_head, out_ok = _rows(_paired_ids((kv_len - 1 - first) * G, BLOCK_M, G),
-                                                     first, kv_len - 1, 1, kv_head, G, ROWS, PADDED)
-                Op = _pair_rows(O, row_ok)
-                Lp = _pair_values(L, row_ok)
-            o = tl.div_rn(Op, tl.where(Lp > 0, Lp, 1.0)[:, None])
-            tl.store(o_ptr + (q_start + out_tok)[:, None] * stride_ot + out_head[:, None] * stride_oh + d[None, :],
-                     o.to(o_ptr.dtype.element_ty), mask=out_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit
 def _fold_partials_kernel(
     o_ptr, part_o_ptr, part_ml_ptr, cu_q_ptr, kv_lens_ptr,
     S, n_iter, n_rows,
@@ -652,18 +577,6 @@ def paged_attention_triton(
         grid_splits = tile_programs + triton.cdiv(chunks, per_chunk)
         part_o = torch.empty(T, H, n_splits, BLOCK_D, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(T, H, n_splits, 2, dtype=torch.float32, device=q.device)
-    elif decode_only and kv_tiles <= BAND_TILES:
-        items = S * h_kv
-        programs = min(items, _WALK_PROGRAMS_PER_SM * sms)
-        _decode_walk_kernel[(programs,)](
-            q, k_cache, v_cache, o, block_tables, cu_seqlens_q, kv_lens,
-            S, h_kv, scale * math.log2(math.e),
-            q.stride(0), q.stride(1), *k_cache.stride()[:3], o.stride(0), o.stride(1), block_tables.stride(0),
-            D=D, BLOCK_D=BLOCK_D, G=G, PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-            ITEMS=triton.next_power_of_2(triton.cdiv(items, programs)), **dependent_launch_options(q.device),
-            num_warps=num_warps, num_stages=DECODE_STAGES, enable_fp_fusion=FP_FUSION,
-        )
-        return o
     else:
         per_tile, per_chunk, tile_programs, grid_splits = 0, 0, 0, 1
         part_o = part_ml = o  # unused by the fold-in-program path
@@ -681,7 +594,6 @@ def paged_attention_triton(
         BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, SPLIT=bool(split_per_program),
         DECODE=decode_only, **pdl, num_warps=num_warps,
         num_stages=DECODE_STAGES if max_q_len <= block_q else NUM_STAGES, enable_fp_fusion=FP_FUSION,
-        **({"maxnreg": DECODE_MAXNREG} if DECODE_MAXNREG and max_q_len <= block_q else {}),
     )
     if split_per_program:
         if not q.is_cuda:
