@@ -176,14 +176,24 @@ def _pair_rows(x, own):
 
     A decode program's real rows are G <= 8 consecutive ones, so never both
     rows of a pair; and in the wgmma accumulator each thread holds exactly such a pair, so
-    this costs a register select and halves the per-row work after the tile loop (divisions,
-    stores)."""
+    this costs a register select and halves the per-row work that follows: a one-tile split's
+    softmax and fold, the division and the stores."""
     M: tl.constexpr = x.shape[0]
     W: tl.constexpr = x.shape[1]
     x4 = tl.reshape(x, [M // 16, 2, 8, W])
     own4 = tl.broadcast_to(tl.reshape(own, [M // 16, 2, 8, 1]), x4.shape)
     picked, _ = tl.reduce((x4, own4), 1, _take_owned)
     return tl.reshape(picked, [M // 2, W])
+
+
+@triton.jit
+def _unpair_rows(x):
+    """[BLOCK_M // 2, W] -> [BLOCK_M, W]: _pair_rows' kept row in both rows of its pair (in the
+    wgmma accumulator the same thread's registers)."""
+    H: tl.constexpr = x.shape[0]
+    W: tl.constexpr = x.shape[1]
+    x4 = tl.broadcast_to(tl.reshape(x, [H // 8, 1, 8, W]), [H // 8, 2, 8, W])
+    return tl.reshape(x4, [2 * H, W])
 
 
 @triton.jit
@@ -217,20 +227,19 @@ def _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp,
 
 
 @triton.jit
-def _scores(q, k, n, pos, scale_log2, MASKED: tl.constexpr):
-    """(raw q.k, each row's max base-2 score; positions past a row's own are -inf).
+def _top(raw, n, pos, scale_log2, MASKED: tl.constexpr):
+    """Each row's max base-2 score of raw q.k (positions past a row's own are -inf).
 
     The max is taken before the scaling: rounding x * scale is monotone in x for a
     scale > 0, so this is the max of the scaled scores, bit for bit (but perhaps the sign
     of a zero, which no later step tells apart), at one multiply per row instead of one
     per score. The multiply is an fma with a zero addend because a plain one would be
     contracted into the subtraction that follows it in one caller and not in another."""
-    raw = tl.dot(q, tl.trans(k))
     if MASKED:
         top = tl.max(tl.where(n[None, :] <= pos[:, None], raw, float("-inf")), 1)
     else:
         top = tl.max(raw, 1)
-    return raw, tl.fma(top, scale_log2, 0.0)
+    return tl.fma(top, scale_log2, 0.0)
 
 
 @triton.jit
@@ -249,8 +258,8 @@ def _online(m, l, acc, q, k_head, v_head, bt, n0, kv_len, pos, d, d_ok, scale_lo
     """One tile into a chunk split's running (max, sum, output): the online softmax step."""
     n, k, v = _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp,
                        PAGE, BLOCK_N, MASKED)
-    raw, top = _scores(q, k, n, pos, scale_log2, MASKED)
-    m_new = tl.maximum(m, top)
+    raw = tl.dot(q, tl.trans(k))
+    m_new = tl.maximum(m, _top(raw, n, pos, scale_log2, MASKED))
     ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m - ref)
     p = _weights(raw, n, pos, scale_log2, ref, MASKED)
@@ -275,14 +284,24 @@ def _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos, d, d_ok, scale_log2
 
 
 @triton.jit
-def _tile_split(q, k_head, v_head, bt, n0, kv_len, pos, d, d_ok, scale_log2,
+def _tile_split(q, k_head, v_head, bt, n0, kv_len, pos, own, d, d_ok, scale_log2,
                 stride_kb, stride_kp,
-                PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
-    """Partial of a one-tile split, against the tile's own max: no state from any other tile."""
+                PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PAIRS: tl.constexpr):
+    """Partial of a one-tile split, against the tile's own max: no state from any other tile.
+
+    PAIRS: of the rows _pair_rows keeps by `own` (`pos` is theirs): the scores are paired as
+    they leave the product, so the softmax and the partial take half the tile's rows. The
+    product with V takes all of them, each kept row's weights standing in for its pair's,
+    whose results are dropped."""
     n, k, v = _kv_tile(k_head, v_head, bt, n0, kv_len, d, d_ok, stride_kb, stride_kp,
                        PAGE, BLOCK_N, MASKED)
-    raw, m = _scores(q, k, n, pos, scale_log2, MASKED)
+    raw = tl.dot(q, tl.trans(k))
+    if PAIRS:
+        raw = _pair_rows(raw, own)
+    m = _top(raw, n, pos, scale_log2, MASKED)
     p = _weights(raw, n, pos, scale_log2, tl.where(m == float("-inf"), 0.0, m), MASKED)
+    if PAIRS:
+        return m, tl.sum(p, 1), _pair_rows(tl.dot(_unpair_rows(p).to(v.dtype), v), own)
     return m, tl.sum(p, 1), tl.dot(p.to(v.dtype), v)
 
 
@@ -366,6 +385,8 @@ def _attention_kernel(
         _, out_tok, out_head, out_ok = _rows(_paired_ids((kv_len - 1 - first) * G, BLOCK_M, G),
                                              first, q_first, q_len, kv_head, G, ROWS, PADDED)
     part = (q_start + out_tok)[:, None] * stride_pt + out_head[:, None] * stride_ph
+    # One-tile splits work on those rows only (_tile_split): their positions.
+    tile_pos = _pair_values(pos, row_ok) if PAIRS else pos
 
     if SPLIT:
         # Programs [0, tile_programs) take runs of one-tile splits, the rest runs of chunks.
@@ -374,15 +395,15 @@ def _attention_kernel(
             t_lo = z * tiles_per_program
             t_hi = tl.minimum(t_lo + tiles_per_program, band_end)
             for t in range(t_lo, tl.minimum(t_hi, diag)):
-                m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
-                                        stride_kb, stride_kp, PAGE, BLOCK_N, False)
+                m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, tile_pos, row_ok, d, d_ok,
+                                        scale_log2, stride_kb, stride_kp, PAGE, BLOCK_N, False, PAIRS)
                 _store_partial(part_o_ptr, part_ml_ptr, part + t * stride_ps, out_ok, row_ok, d, d_ok, m, l, acc,
-                               BLOCK_D, PAIRS)
+                               BLOCK_D, False)
             for t in range(tl.maximum(t_lo, diag), t_hi):
-                m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
-                                        stride_kb, stride_kp, PAGE, BLOCK_N, True)
+                m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, tile_pos, row_ok, d, d_ok,
+                                        scale_log2, stride_kb, stride_kp, PAGE, BLOCK_N, True, PAIRS)
                 _store_partial(part_o_ptr, part_ml_ptr, part + t * stride_ps, out_ok, row_ok, d, d_ok, m, l, acc,
-                               BLOCK_D, PAIRS)
+                               BLOCK_D, False)
         else:
             c_lo = (z - tile_programs) * chunks_per_program
             for c in range(c_lo, c_lo + chunks_per_program):
@@ -394,26 +415,26 @@ def _attention_kernel(
                     _store_partial(part_o_ptr, part_ml_ptr, part + (BAND + c) * stride_ps, out_ok, row_ok, d,
                                    d_ok, m, l, acc, BLOCK_D, PAIRS)
     else:
-        M = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        L = tl.zeros([BLOCK_M], tl.float32)
-        O = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        FOLD_M: tl.constexpr = BLOCK_M // 2 if PAIRS else BLOCK_M
+        M = tl.full([FOLD_M], float("-inf"), tl.float32)
+        L = tl.zeros([FOLD_M], tl.float32)
+        O = tl.zeros([FOLD_M, BLOCK_D], tl.float32)
         for t in range(0, tl.minimum(band_end, diag)):
-            m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
-                                    stride_kb, stride_kp, PAGE, BLOCK_N, False)
+            m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, tile_pos, row_ok, d, d_ok,
+                                    scale_log2, stride_kb, stride_kp, PAGE, BLOCK_N, False, PAIRS)
             M, L, O = _fold(M, L, O, m, l, acc)
         for t in range(diag, band_end):
-            m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
-                                    stride_kb, stride_kp, PAGE, BLOCK_N, True)
+            m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, tile_pos, row_ok, d, d_ok,
+                                    scale_log2, stride_kb, stride_kp, PAGE, BLOCK_N, True, PAIRS)
             M, L, O = _fold(M, L, O, m, l, acc)
         for c in range(0, _split_of(t_end - 1, BAND, CHUNK, WIDE_FROM, WIDE) + 1 - BAND):
             t0, t1 = _chunk_tiles(c, t_end, BAND, CHUNK, WIDE_FROM, WIDE)
             m, l, acc = _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos,
                                d, d_ok, scale_log2, stride_kb, stride_kp,
                                PAGE, BLOCK_N, BLOCK_M, BLOCK_D)
+            if PAIRS:
+                m, l, acc = _pair_values(m, row_ok), _pair_values(l, row_ok), _pair_rows(acc, row_ok)
             M, L, O = _fold(M, L, O, m, l, acc)
-        if PAIRS:
-            O = _pair_rows(O, row_ok)
-            L = _pair_values(L, row_ok)
         o = tl.div_rn(O, tl.where(L > 0, L, 1.0)[:, None])  # L == 0 only on padding rows
         tl.store(o_ptr + (q_start + out_tok)[:, None] * stride_ot + out_head[:, None] * stride_oh + d[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=out_ok[:, None] & d_ok[None, :])
@@ -535,7 +556,7 @@ def paged_attention_triton(
     G = H // h_kv
     assert H % h_kv == 0 and G <= block_m, f"GQA group {G} must fit in a {block_m}-row tile"
     assert q.stride(2) == 1 and k_cache.stride(3) == 1
-    # One address per KV element serves K and V; the row max is taken before the scaling (_scores).
+    # One address per KV element serves K and V; the row max is taken before the scaling (_top).
     assert k_cache.stride() == v_cache.stride(), "K and V caches must share their layout"
     assert scale > 0, "the softmax scale must be positive"
     o = torch.empty_like(q)
