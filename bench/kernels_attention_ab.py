@@ -69,9 +69,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(
         json.dumps({"gpu": gpu, "old_tree": str(args.old_tree), "copy_GBps": gbps, "rows": rows}, indent=1))
-    text = (f"`python3 bench/kernels_attention_ab.py --old-tree {args.old_tree} --out {args.out}` ({gpu}); decode, us "
-            f"per call "
-            f"(mean of old, new, new, old), floor = KV bytes / {gbps:.0f} GB/s\n\n{markdown_table(rows)}\n")
+    text = (f"`python3 bench/kernels_attention_ab.py --old-tree {args.old_tree} --out {args.out}` ({gpu}); decode, "
+            f"us per call (mean of old, new, new, old), floor = KV bytes / {gbps:.0f} GB/s\n\n{markdown_table(rows)}\n")
     args.out.with_suffix(".md").write_text(text)
     print(text)
 

@@ -190,10 +190,10 @@ def _pair_rows(x, own):
 def _unpair_rows(x):
     """[BLOCK_M // 2, W] -> [BLOCK_M, W]: _pair_rows' kept row in both rows of its pair (in the
     wgmma accumulator the same thread's registers)."""
-    H: tl.constexpr = x.shape[0]
+    HALF: tl.constexpr = x.shape[0]
     W: tl.constexpr = x.shape[1]
-    x4 = tl.broadcast_to(tl.reshape(x, [H // 8, 1, 8, W]), [H // 8, 2, 8, W])
-    return tl.reshape(x4, [2 * H, W])
+    x4 = tl.broadcast_to(tl.reshape(x, [HALF // 8, 1, 8, W]), [HALF // 8, 2, 8, W])
+    return tl.reshape(x4, [2 * HALF, W])
 
 
 @triton.jit
