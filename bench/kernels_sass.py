@@ -76,21 +76,34 @@ _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _BRANCH = re.compile(r"\bBRA\s+`\((\.L_x_\d+)\)")
 
 
-def loop_spans(sass: str) -> tuple[int, list[int]]:
-    """(instructions in the longest loop body, instructions skipped by each forward branch inside it)."""
-    labels, branches, n = {}, [], 0
+def _parse(sass: str) -> tuple[list[str], dict[str, int], list[tuple[int, str]]]:
+    """(opcodes in order, each label's index, (index, target label) of each branch)."""
+    ops, labels, branches = [], {}, []
     for line in sass.splitlines():
         if label := _LABEL.match(line):
-            labels[label.group(1)] = n
-        elif _INSTRUCTION.match(line):
-            n += 1
+            labels[label.group(1)] = len(ops)
+        elif op := _INSTRUCTION.match(line):
+            ops.append(op.group(1))
             if branch := _BRANCH.search(line):
-                branches.append((n - 1, branch.group(1)))
+                branches.append((len(ops) - 1, branch.group(1)))
+    return ops, labels, branches
+
+
+def loops(sass: str) -> list[tuple[int, int, list[str]]]:
+    """(first, last index, opcodes) of every loop body, in program order."""
+    ops, labels, branches = _parse(sass)
     # (a branch to itself is the trap after EXIT, not a loop)
-    loops = [(labels[t], at) for at, t in branches if t in labels and labels[t] < at]
-    if not loops:
+    spans = sorted({(labels[t], at) for at, t in branches if t in labels and labels[t] < at})
+    return [(head, tail, ops[head:tail + 1]) for head, tail in spans]
+
+
+def loop_spans(sass: str) -> tuple[int, list[int]]:
+    """(instructions in the longest loop body, instructions skipped by each forward branch inside it)."""
+    _, labels, branches = _parse(sass)
+    bodies = loops(sass)
+    if not bodies:
         return 0, []
-    head, tail = max(loops, key=lambda loop: loop[1] - loop[0])
+    head, tail, _ = max(bodies, key=lambda loop: loop[1] - loop[0])
     skips = [labels[t] - at - 1 for at, t in branches if head <= at < tail and at < labels.get(t, -1) <= tail]
     return tail - head + 1, [s for s in skips if s > 0]
 
@@ -106,14 +119,20 @@ def compile_sm90(kernel, dtype: str, constexprs: dict, options: dict) -> bytes:
     return triton.compile(source, target=TARGET, options={"enable_fp_fusion": FP_FUSION, **options}).asm["cubin"]
 
 
-def count(cubin: bytes) -> dict:
+def disassemble(cubin: bytes) -> tuple[str, str]:
+    """(SASS, resource usage) of a cubin, by the tools that ship with Triton."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         sass = subprocess.run([NV_BIN / "nvdisasm", "-c", f.name], capture_output=True, text=True, check=True).stdout
         usage = subprocess.run([NV_BIN / "cuobjdump", "--dump-resource-usage", f.name], capture_output=True,
                                text=True, check=True).stdout
-    ops = [m.group(1) for line in sass.splitlines() if (m := _INSTRUCTION.match(line))]
+    return sass, usage
+
+
+def count(cubin: bytes) -> dict:
+    sass, usage = disassemble(cubin)
+    ops = _parse(sass)[0]
     kinds = collections.Counter(ops)
     body, skips = loop_spans(sass)
     return {
