@@ -29,7 +29,7 @@ from kernels import attention_triton  # noqa: E402
 from kernels.toolchain import FP_FUSION  # noqa: E402
 
 TYPES = {"part_o_ptr": "*fp32", "part_ml_ptr": "*fp32", "block_tables_ptr": "*i32", "cu_q_ptr": "*i32",
-         "kv_lens_ptr": "*i32", "cu_tiles_ptr": "*i32", "counts_ptr": "*i32", "scale_log2": "fp32"}
+         "kv_lens_ptr": "*i32", "cu_tiles_ptr": "*i32", "scale_log2": "fp32"}
 # What the launcher sees divisible by 16 at those shapes (every pointer, too).
 DIVISIBLE = re.compile(r"stride_.*|S")
 SHAPES = {"0.6B (G 2)": 2, "8B (G 4)": 4}
@@ -37,8 +37,7 @@ TOP_OPCODES = 6
 
 
 def load(tree: Path):
-    spec = importlib.util.spec_from_file_location(f"attention_triton_{abs(hash(tree))}",
-                                                  tree / "kernels" / "attention_triton.py")
+    spec = importlib.util.spec_from_file_location("old_attention_triton", tree / "kernels" / "attention_triton.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
