@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import inspect
 import json
 import os
@@ -20,13 +19,12 @@ import sys
 from pathlib import Path
 
 import triton
-from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.kernels_sass import TARGET, disassemble, loops  # noqa: E402
+from bench.kernels_attention_ab import load_old  # noqa: E402
+from bench.kernels_sass import compile_sm90, disassemble, loops, resources  # noqa: E402
 from bench.md_table import markdown_table  # noqa: E402
 from kernels import attention_triton  # noqa: E402
-from kernels.toolchain import FP_FUSION  # noqa: E402
 
 TYPES = {"part_o_ptr": "*fp32", "part_ml_ptr": "*fp32", "block_tables_ptr": "*i32", "cu_q_ptr": "*i32",
          "kv_lens_ptr": "*i32", "cu_tiles_ptr": "*i32", "scale_log2": "fp32"}
@@ -34,13 +32,6 @@ TYPES = {"part_o_ptr": "*fp32", "part_ml_ptr": "*fp32", "block_tables_ptr": "*i3
 DIVISIBLE = re.compile(r"stride_.*|S")
 SHAPES = {"0.6B (G 2)": 2, "8B (G 4)": 4}
 TOP_OPCODES = 6
-
-
-def load(tree: Path):
-    spec = importlib.util.spec_from_file_location("old_attention_triton", tree / "kernels" / "attention_triton.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def compile_decode(module, G: int, split: bool):
@@ -53,15 +44,10 @@ def compile_decode(module, G: int, split: bool):
     if not split:  # the fold-in-program path passes zeros for the split path's arguments
         constexprs.update(tiles_per_program=0, chunks_per_program=0, tile_programs=0, stride_pt=0, stride_ph=0,
                           stride_ps=0)
-    names = list(inspect.signature(kernel.fn).parameters)
-    constexprs = {n: v for n, v in constexprs.items() if n in names}
-    signature = {n: "constexpr" if n in constexprs else TYPES.get(n, "*bf16" if n.endswith("_ptr") else "i32")
-                 for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if signature[n].startswith("*") or (signature[n] == "i32" and DIVISIBLE.fullmatch(n))}
-    options = {"num_warps": warps, "num_stages": module.DECODE_STAGES, "enable_fp_fusion": FP_FUSION}
-    return triton.compile(ASTSource(kernel, signature=signature, constexprs=constexprs, attrs=attrs),
-                          target=TARGET, options=options)
+    names = inspect.signature(kernel.fn).parameters
+    return compile_sm90(kernel, {n: v for n, v in constexprs.items() if n in names},
+                        {"num_warps": warps, "num_stages": module.DECODE_STAGES},
+                        lambda n: TYPES.get(n, "*bf16" if n.endswith("_ptr") else "i32"), DIVISIBLE.fullmatch)
 
 
 def row(tree: str, module, shape: str, G: int, split: bool) -> dict:
@@ -71,9 +57,9 @@ def row(tree: str, module, shape: str, G: int, split: bool) -> dict:
     for _, _, ops in loops(sass):
         top = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(TOP_OPCODES))
         bodies.append(f"{len(ops)} ({top})")
+    regs = resources(usage)
     return {"tree": tree, "shape": shape, "path": "split" if split else "fold in program",
-            "registers": int(re.search(r"REG:(\d+)", usage).group(1)),
-            "stack B": int(re.search(r"STACK:(\d+)", usage).group(1)), "shared B": compiled.metadata.shared,
+            "registers": regs["registers"], "stack B": regs["stack_bytes"], "shared B": compiled.metadata.shared,
             "loops: instructions (leading opcodes)": "; ".join(bodies) or "-"}
 
 
@@ -84,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
-    trees = {"new": attention_triton, **({"old": load(args.old_tree)} if args.old_tree else {})}
+    trees = {"new": attention_triton, **({"old": load_old(args.old_tree)} if args.old_tree else {})}
     rows = [row(tree, module, shape, G, split) for shape, G in SHAPES.items() for split in (False, True)
             for tree, module in sorted(trees.items(), reverse=True)]
     out = Path(args.out)

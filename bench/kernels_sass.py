@@ -108,15 +108,22 @@ def loop_spans(sass: str) -> tuple[int, list[int]]:
     return tail - head + 1, [s for s in skips if s > 0]
 
 
-def compile_sm90(kernel, dtype: str, constexprs: dict, options: dict) -> bytes:
+def compile_sm90(kernel, constexprs: dict, options: dict, type_of, divisible):
+    """The kernel compiled for sm_90 as a launch specializes it: type_of(name) gives each argument's
+    Triton type, and the pointers and the ints divisible(name) names are marked divisible by 16."""
     names = list(inspect.signature(kernel.fn).parameters)
-    signature = {n: "constexpr" if n in constexprs else ARG_TYPES.get(n, f"*{dtype}") for n in names}
-    # What the launcher's specialization gives at V = 152064: all of these divisible by 16.
+    signature = {n: "constexpr" if n in constexprs else type_of(n) for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if signature[n].startswith("*") or n in ("stride", "V")}
+             if signature[n].startswith("*") or (signature[n] == "i32" and divisible(n))}
     source = ASTSource(kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     # FMA contraction as the launches name it where a kernel leaves it to the toolchain
-    return triton.compile(source, target=TARGET, options={"enable_fp_fusion": FP_FUSION, **options}).asm["cubin"]
+    return triton.compile(source, target=TARGET, options={"enable_fp_fusion": FP_FUSION, **options})
+
+
+def _sampling_cubin(kernel, dtype: str, constexprs: dict, options: dict) -> bytes:
+    # What the launcher's specialization gives at V = 152064: stride and V divisible by 16.
+    return compile_sm90(kernel, constexprs, options, lambda n: ARG_TYPES.get(n, f"*{dtype}"),
+                        lambda n: n in ("stride", "V")).asm["cubin"]
 
 
 def disassemble(cubin: bytes) -> tuple[str, str]:
@@ -130,14 +137,19 @@ def disassemble(cubin: bytes) -> tuple[str, str]:
     return sass, usage
 
 
+def resources(usage: str) -> dict:
+    """Registers and stack bytes a thread, from cuobjdump's resource usage."""
+    return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)),
+            "stack_bytes": int(re.search(r"STACK:(\d+)", usage).group(1))}
+
+
 def count(cubin: bytes) -> dict:
     sass, usage = disassemble(cubin)
     ops = _parse(sass)[0]
     kinds = collections.Counter(ops)
     body, skips = loop_spans(sass)
     return {
-        "registers": int(re.search(r"REG:(\d+)", usage).group(1)),
-        "stack_bytes": int(re.search(r"STACK:(\d+)", usage).group(1)),
+        **resources(usage),
         "instructions": len(ops),
         "loop_body": body,
         "loop_skippable": skips,
@@ -173,7 +185,7 @@ def main() -> None:
     for name, kernel, constexprs, options in KERNELS:
         for dtype in ("bf16", "fp32"):
             opts = options(dtype) if callable(options) else options
-            rows.append({"kernel": name, "dtype": dtype, **count(compile_sm90(kernel, dtype, constexprs, opts))})
+            rows.append({"kernel": name, "dtype": dtype, **count(_sampling_cubin(kernel, dtype, constexprs, opts))})
             print(rows[-1], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

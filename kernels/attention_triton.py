@@ -267,10 +267,12 @@ def _online(m, l, acc, q, k_head, v_head, bt, n0, kv_len, pos, d, d_ok, scale_lo
 
 
 @triton.jit
-def _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos, d, d_ok, scale_log2,
+def _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos, own, d, d_ok, scale_log2,
            stride_kb, stride_kp,
-           PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Partial of the split made of tiles [t0, t1): unmasked tiles before diag, then masked ones."""
+           PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+           PAIRS: tl.constexpr):
+    """Partial of the split made of tiles [t0, t1): unmasked tiles before diag, then masked ones.
+    PAIRS: of the rows _pair_rows keeps by `own`, paired once the walk is done."""
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -280,6 +282,8 @@ def _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos, d, d_ok, scale_log2
     for t in range(tl.maximum(t0, diag), t1):
         m, l, acc = _online(m, l, acc, q, k_head, v_head, bt, t * BLOCK_N, kv_len, pos, d, d_ok, scale_log2,
                             stride_kb, stride_kp, PAGE, BLOCK_N, True)
+    if PAIRS:
+        m, l, acc = _pair_values(m, own), _pair_values(l, own), _pair_rows(acc, own)
     return m, l, acc
 
 
@@ -306,14 +310,9 @@ def _tile_split(q, k_head, v_head, bt, n0, kv_len, pos, own, d, d_ok, scale_log2
 
 
 @triton.jit
-def _store_partial(part_o_ptr, part_ml_ptr, part, part_ok, row_ok, d, d_ok, m, l, acc, BLOCK_D: tl.constexpr,
-                   PAIRS: tl.constexpr):
+def _store_partial(part_o_ptr, part_ml_ptr, part, part_ok, d, d_ok, m, l, acc, BLOCK_D: tl.constexpr):
     """One split's raw partial: folded into the empty state it is exactly itself. `part`,
-    `part_ok`: offsets and mask of the rows stored, with PAIRS those _pair_rows keeps."""
-    if PAIRS:
-        acc = _pair_rows(acc, row_ok)
-        m = _pair_values(m, row_ok)
-        l = _pair_values(l, row_ok)
+    `part_ok`: offsets and mask of the rows stored (with PAIRS, those _pair_rows keeps)."""
     tl.store(part_o_ptr + part + d[None, :], acc, mask=part_ok[:, None] & d_ok[None, :])
     # part_ml is [T, H, splits, 2], indexed like part_o without its last (BLOCK_D) axis.
     tl.store(part_ml_ptr + part // BLOCK_D * 2, m[:, None], mask=part_ok[:, None])
@@ -385,7 +384,7 @@ def _attention_kernel(
         _, out_tok, out_head, out_ok = _rows(_paired_ids((kv_len - 1 - first) * G, BLOCK_M, G),
                                              first, q_first, q_len, kv_head, G, ROWS, PADDED)
     part = (q_start + out_tok)[:, None] * stride_pt + out_head[:, None] * stride_ph
-    # One-tile splits work on those rows only (_tile_split): their positions.
+    # A one-tile split works on those rows only (_tile_split): their positions.
     tile_pos = _pair_values(pos, row_ok) if PAIRS else pos
 
     if SPLIT:
@@ -397,23 +396,21 @@ def _attention_kernel(
             for t in range(t_lo, tl.minimum(t_hi, diag)):
                 m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, tile_pos, row_ok, d, d_ok,
                                         scale_log2, stride_kb, stride_kp, PAGE, BLOCK_N, False, PAIRS)
-                _store_partial(part_o_ptr, part_ml_ptr, part + t * stride_ps, out_ok, row_ok, d, d_ok, m, l, acc,
-                               BLOCK_D, False)
+                _store_partial(part_o_ptr, part_ml_ptr, part + t * stride_ps, out_ok, d, d_ok, m, l, acc, BLOCK_D)
             for t in range(tl.maximum(t_lo, diag), t_hi):
                 m, l, acc = _tile_split(q, k_head, v_head, bt, t * BLOCK_N, kv_len, tile_pos, row_ok, d, d_ok,
                                         scale_log2, stride_kb, stride_kp, PAGE, BLOCK_N, True, PAIRS)
-                _store_partial(part_o_ptr, part_ml_ptr, part + t * stride_ps, out_ok, row_ok, d, d_ok, m, l, acc,
-                               BLOCK_D, False)
+                _store_partial(part_o_ptr, part_ml_ptr, part + t * stride_ps, out_ok, d, d_ok, m, l, acc, BLOCK_D)
         else:
             c_lo = (z - tile_programs) * chunks_per_program
             for c in range(c_lo, c_lo + chunks_per_program):
                 t0, t1 = _chunk_tiles(c, t_end, BAND, CHUNK, WIDE_FROM, WIDE)
                 if t0 < t_end:
-                    m, l, acc = _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos,
+                    m, l, acc = _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos, row_ok,
                                        d, d_ok, scale_log2, stride_kb, stride_kp,
-                                       PAGE, BLOCK_N, BLOCK_M, BLOCK_D)
-                    _store_partial(part_o_ptr, part_ml_ptr, part + (BAND + c) * stride_ps, out_ok, row_ok, d,
-                                   d_ok, m, l, acc, BLOCK_D, PAIRS)
+                                       PAGE, BLOCK_N, BLOCK_M, BLOCK_D, PAIRS)
+                    _store_partial(part_o_ptr, part_ml_ptr, part + (BAND + c) * stride_ps, out_ok, d, d_ok, m, l,
+                                   acc, BLOCK_D)
     else:
         FOLD_M: tl.constexpr = BLOCK_M // 2 if PAIRS else BLOCK_M
         M = tl.full([FOLD_M], float("-inf"), tl.float32)
@@ -429,11 +426,9 @@ def _attention_kernel(
             M, L, O = _fold(M, L, O, m, l, acc)
         for c in range(0, _split_of(t_end - 1, BAND, CHUNK, WIDE_FROM, WIDE) + 1 - BAND):
             t0, t1 = _chunk_tiles(c, t_end, BAND, CHUNK, WIDE_FROM, WIDE)
-            m, l, acc = _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos,
+            m, l, acc = _split(q, k_head, v_head, bt, t0, t1, diag, kv_len, pos, row_ok,
                                d, d_ok, scale_log2, stride_kb, stride_kp,
-                               PAGE, BLOCK_N, BLOCK_M, BLOCK_D)
-            if PAIRS:
-                m, l, acc = _pair_values(m, row_ok), _pair_values(l, row_ok), _pair_rows(acc, row_ok)
+                               PAGE, BLOCK_N, BLOCK_M, BLOCK_D, PAIRS)
             M, L, O = _fold(M, L, O, m, l, acc)
         o = tl.div_rn(O, tl.where(L > 0, L, 1.0)[:, None])  # L == 0 only on padding rows
         tl.store(o_ptr + (q_start + out_tok)[:, None] * stride_ot + out_head[:, None] * stride_oh + d[None, :],
