@@ -2,6 +2,8 @@
 
 Public API (everything else in detgate relies only on these names):
   matmul(a, b, bias=None)            a: [M, K], b: [K, N] -> [M, N]
+  matmul_partials(a, b, bias=None)   the same, or at decode its K segments' sums (Partials) for
+                                     rms_norm_residual / rope_store_kv to add
   launches_early(b)                  whether the kernel ahead of a decode matmul over b lets it launch
                                      early (the `early` of rms_norm_residual, paged_attention)
   rms_norm(x, weight, eps)           one row per program
@@ -16,7 +18,7 @@ Public API (everything else in detgate relies only on these names):
   toolchain(device)                  the compiler versions that, with KERNEL_VERSION, fix the bits
 """
 from kernels.mode import get_mode, mode, set_mode
-from kernels.matmul import launches_early, matmul, swiglu
+from kernels.matmul import launches_early, matmul, matmul_partials, swiglu
 from kernels.norm import rms_norm, rms_norm_residual
 from kernels.attention import attention_plan, paged_attention, store_kv
 from kernels.activation import silu_mul
@@ -29,6 +31,6 @@ KERNEL_VERSION = "7"
 
 __all__ = [
     "KERNEL_VERSION", "argmax", "attention_plan", "get_mode", "launches_early", "log_softmax", "logsumexp",
-    "matmul", "mode", "paged_attention", "rms_norm", "rms_norm_residual", "rope_store_kv", "sample", "set_mode",
-    "silu_mul", "store_kv", "swiglu", "toolchain",
+    "matmul", "matmul_partials", "mode", "paged_attention", "rms_norm", "rms_norm_residual", "rope_store_kv",
+    "sample", "set_mode", "silu_mul", "store_kv", "swiglu", "toolchain",
 ]

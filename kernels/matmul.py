@@ -9,7 +9,8 @@ sequence of roundings whether it is computed alone or inside a batch of 8192
 rows. A large batch sums the segments inside one program; a decode step, whose
 N tiles alone leave most SMs idle, gives each segment its own program, and the
 last of a tile's programs to finish adds their fp32 sums: the same additions in
-the same order, in one launch.
+the same order, in one launch. Or the kernel that reads the product adds them
+(matmul_partials, kernels/partials.py), in the same order again.
 
 The M and N tile sizes do vary with the shape, for speed: they only decide
 which program owns an element, not how it is summed. That this holds on the
@@ -31,6 +32,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels.activation import silu_mul, silu_times
 from kernels.device import DECODE_ROWS, dependent_launch_options, sm_count, wait_for_kernel_ahead
 from kernels.mode import get_mode, use_triton
+from kernels.partials import Partials
 from kernels.toolchain import FP_FUSION
 
 # These constants fix the summation order over K. Changing one changes the bits
@@ -115,7 +117,7 @@ def _matmul_kernel(
     M, N, K, SEGMENTS, SEGMENT_STEPS,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PARTIAL: tl.constexpr,
-    GATED: tl.constexpr, LIBDEVICE: tl.constexpr,
+    GATED: tl.constexpr, LIBDEVICE: tl.constexpr, LAST_ADDS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -150,7 +152,8 @@ def _matmul_kernel(
     b_first = b_ptr + offs_k[:, None] * stride_bk + cols[None, :] * stride_bn
 
     # PARTIAL: this program sums only the segment its second grid index names, into
-    # parts_ptr, a [SEGMENTS, M, N] fp32 workspace; the tile's last program to finish adds them.
+    # parts_ptr, a [SEGMENTS, M, N] fp32 workspace. LAST_ADDS: the tile's last program to finish
+    # adds them; else the kernel reading the product does (kernels.partials).
     if PARTIAL:
         first_segment = tl.program_id(1)
         last_segment = first_segment + 1
@@ -184,18 +187,19 @@ def _matmul_kernel(
     if PARTIAL:
         tile = offs_m[:, None] * N + offs_n[None, :]
         tl.store(parts_ptr + first_segment.to(tl.int64) * M * N + tile, acc, mask=mask)
-        # Every thread's store before the count (barrier, then release), and the others'
-        # partials read after it (acquire; .cg reads L2, where the other SMs wrote).
-        tl.debug_barrier()
-        if tl.atomic_add(counts_ptr + pid, 1, sem="acq_rel") == SEGMENTS - 1:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            parts = parts_ptr + tile
-            for _ in range(0, SEGMENTS):   # the one-program `acc += part`, in order
-                acc += tl.load(parts, mask=mask, other=0.0, cache_modifier=".cg")
-                parts += M * N
-            tl.store(counts_ptr + pid, 0)   # ready for the next call, or the next graph replay
-            _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, M, N, pid_n, stride_cm, stride_cn, HAS_BIAS,
-                    GATED, LIBDEVICE, BLOCK_M, BLOCK_N)
+        if LAST_ADDS:
+            # Every thread's store before the count (barrier, then release), and the others'
+            # partials read after it (acquire; .cg reads L2, where the other SMs wrote).
+            tl.debug_barrier()
+            if tl.atomic_add(counts_ptr + pid, 1, sem="acq_rel") == SEGMENTS - 1:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                parts = parts_ptr + tile
+                for _ in range(0, SEGMENTS):   # the one-program `acc += part`, in order
+                    acc += tl.load(parts, mask=mask, other=0.0, cache_modifier=".cg")
+                    parts += M * N
+                tl.store(counts_ptr + pid, 0)   # ready for the next call, or the next graph replay
+                _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, M, N, pid_n, stride_cm, stride_cn,
+                        HAS_BIAS, GATED, LIBDEVICE, BLOCK_M, BLOCK_N)
     else:
         _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, M, N, pid_n, stride_cm, stride_cn, HAS_BIAS,
                 GATED, LIBDEVICE, BLOCK_M, BLOCK_N)
@@ -333,6 +337,9 @@ def _launch_tma(a, b, bias, c, segments, block_m, block_n, block_k, warps, stage
 
 def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts=None, counts=None,
                     gated=False):
+    """parts: a split launch's [segments, M, N] workspace, which the tile's last program adds into c
+    where counts are given, and which is left to the product's reader where they are not (c is
+    then not written)."""
     M, K = a.shape
     N = b.shape[1]
     grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n), segments[0] if parts is not None else 1)
@@ -341,7 +348,7 @@ def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, s
         M, N, K, *segments,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0, IEEE=a.dtype == torch.float32,
-        PARTIAL=parts is not None, GATED=gated, LIBDEVICE=a.is_cuda,
+        PARTIAL=parts is not None, GATED=gated, LIBDEVICE=a.is_cuda, LAST_ADDS=counts is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
         **dependent_launch_options(a.device),
         # The SiLU·up epilogue keeps its roundings apart, as silu_mul's kernel does; the
@@ -365,29 +372,41 @@ def _tile_counts(device: torch.device, tiles: int) -> torch.Tensor:
     return counts
 
 
+def _split_sums(a, b, segments, block_m, block_n, block_k, warps, stages) -> Partials:
+    """A program per (tile, K segment), in one launch, each storing its segment's sums: see
+    PARTIAL in _matmul_kernel."""
+    parts = torch.empty((segments[0], a.shape[0], b.shape[1]), dtype=torch.float32, device=a.device)
+    _launch_pointer(a, b, None, parts[0], segments, block_m, block_n, block_k, warps, stages, parts)
+    return Partials(parts, a.dtype)
+
+
 def _launch_split(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, gated=False):
-    """A program per (tile, K segment), in one launch: see PARTIAL in _matmul_kernel."""
+    """A program per (tile, K segment), in one launch, the tile's last to finish adding their sums."""
     M, N = a.shape[0], b.shape[1]
     parts = torch.empty((segments[0], M, N), dtype=torch.float32, device=a.device)
     counts = _tile_counts(a.device, triton.cdiv(M, block_m) * triton.cdiv(N, block_n))
     _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts, counts, gated)
 
 
-def _matmul_triton(a, b, bias, config=None, gated=False):
+def _matmul_triton(a, b, bias, config=None, gated=False, unsummed=False):
     """`config` overrides the dispatch, for the benchmark's sweep and the tests
     that check every config gives the same bits. gated: swiglu's product, by the pointer
-    or split kernel (_fuses_swiglu says where that is the fast one)."""
+    or split kernel (_fuses_swiglu says where that is the fast one). unsummed: a split launch
+    without a bias returns its segments' sums (matmul_partials)."""
     M, K = a.shape
     N = b.shape[1]
+    block_m, block_n, warps, stages, kernel = config or _config(M, N, a.dtype, a.device)
+    segments = k_segments(K, N, a.dtype) if K else (1, 0)
+    split = kernel == "split" and segments[0] > 1
+    if unsummed and split and M and N and bias is None and not gated:
+        return _split_sums(a, b, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
     c = torch.empty((M, N // 2 if gated else N), dtype=a.dtype, device=a.device)
     if M == 0 or N == 0:
         return c
     if K == 0:
         return c.copy_(bias.expand(M, N)) if bias is not None else c.zero_()
-    segments = k_segments(K, N, a.dtype)
-    block_m, block_n, warps, stages, kernel = config or _config(M, N, a.dtype, a.device)
     tma_ok = a.stride(1) == 1 and _tma_ready(a) and _tma_ready(b) and _tma_ready(c)
-    if kernel == "split" and segments[0] > 1:
+    if split:
         launch = functools.partial(_launch_split, gated=gated)
     elif kernel == "tma" and tma_ok and not gated:
         launch = _launch_tma
@@ -426,6 +445,13 @@ def launches_early(b: torch.Tensor) -> bool:
     return b.numel() * b.element_size() <= _EARLY_MAX_BYTES
 
 
+def matmul_partials(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | Partials:
+    """matmul(a, b, bias) for a kernel that reads the product through kernels.partials.load_product
+    (rms_norm_residual, rope_store_kv): where a decode step splits K over programs, and there is no
+    bias, the segments' sums, for that kernel to add; elsewhere the product."""
+    return _product(a, b, bias, unsummed=True)
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """a: [M, K], b: [K, N], bias: [N] or None -> [M, N] in a's dtype.
 
@@ -436,9 +462,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -
     the same bits), with rows 16-byte aligned so that the copy-engine (TMA)
     kernel runs; other strides take a slower pointer-based kernel.
     """
+    return _product(a, b, bias)
+
+
+def _product(a, b, bias, unsummed=False):
     _check(a, b, bias)
     if use_triton(a, b, *([bias] if bias is not None else [])):
-        return _matmul_triton(a, b, bias)
+        return _matmul_triton(a, b, bias, unsummed=unsummed)
     if get_mode() == "standard":
         return _matmul_standard(a, b, bias)
     return _matmul_torch(a, b, bias)

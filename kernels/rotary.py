@@ -22,6 +22,7 @@ from kernels.attention import store_kv
 from kernels.device import dependent_launch_options, wait_for_kernel_ahead
 from kernels.mode import interpreting
 from kernels.norm import _warps, rms_norm
+from kernels.partials import Partials, kernel_args, load_product
 from kernels.toolchain import FP_FUSION
 
 
@@ -40,9 +41,9 @@ def _mul_rn(a, b, ASM: tl.constexpr):
 def _rope_store_kernel(
     qkv_ptr, q_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
     H, HALF, eps,
-    stride_t, stride_qt, stride_qh, stride_cos, stride_cb, stride_cp, stride_ch,
+    stride_t, stride_qt, stride_qh, stride_cos, stride_cb, stride_cp, stride_ch, stride_segment,
     HQ: tl.constexpr, HKV: tl.constexpr, PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    NORM: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
+    NORM: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr, SEGMENTS: tl.constexpr,
 ):
     wait_for_kernel_ahead(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -60,28 +61,31 @@ def _rope_store_kernel(
         cols = tl.arange(0, BLOCK_H)
         mask = cols < H
         if head >= HQ + HKV:
-            tl.store(dst + cols, tl.load(src + cols, mask=mask).to(dst.dtype.element_ty), mask=mask)
+            v = load_product(src, cols, mask, SEGMENTS, stride_segment, q_ptr.dtype.element_ty, False)
+            tl.store(dst + cols, v.to(dst.dtype.element_ty), mask=mask)
         else:
-            rope_src = src
+            j = tl.arange(0, BLOCK_HALF)
+            half = j < HALF
             if NORM:
                 if head < HQ:
                     w_ptr = q_norm_ptr
                 else:
                     w_ptr = k_norm_ptr
-                x = tl.load(src + cols, mask=mask, other=0.0)
+                x = load_product(src, cols, mask, SEGMENTS, stride_segment, q_ptr.dtype.element_ty, False)
                 xf = x.to(tl.float32)
                 rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / H + eps)
                 w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
                 tl.store(dst + cols, (xf * rstd * w).to(dst.dtype.element_ty), mask=mask)
                 tl.debug_barrier()   # every thread's normed elements stored before any is read back
-                rope_src = dst
-            j = tl.arange(0, BLOCK_HALF)
-            half = j < HALF
+                x1 = tl.load(dst + j, mask=half, other=0.0).to(tl.float32)
+                x2 = tl.load(dst + HALF + j, mask=half, other=0.0).to(tl.float32)
+            else:
+                x1 = load_product(src, j, half, SEGMENTS, stride_segment, q_ptr.dtype.element_ty, False)
+                x2 = load_product(src, HALF + j, half, SEGMENTS, stride_segment, q_ptr.dtype.element_ty, False)
+                x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
             pos = tl.load(pos_ptr + t)
             c = tl.load(cos_ptr + pos * stride_cos + j, mask=half, other=0.0)
             s = tl.load(sin_ptr + pos * stride_cos + j, mask=half, other=0.0)
-            x1 = tl.load(rope_src + j, mask=half, other=0.0).to(tl.float32)
-            x2 = tl.load(rope_src + HALF + j, mask=half, other=0.0).to(tl.float32)
             o1 = _mul_rn(x1, c, ASM) - _mul_rn(x2, s, ASM)
             o2 = _mul_rn(x2, c, ASM) + _mul_rn(x1, s, ASM)
             # Each thread writes back only the elements it read: no barrier needed here.
@@ -125,8 +129,9 @@ def rope_store_kv_reference(qkv, positions, cos, sin, k_cache, v_cache, slot_map
 
 def rope_store_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,
                   q_norm=None, k_norm=None, eps=1e-6) -> torch.Tensor:
-    """qkv [T, (Hq + 2 Hkv) * D] (rows may be strided) -> q [T, Hq, D] normed and rotated; k
-    (normed, rotated) and v written to the caches [blocks, block_size, Hkv, D] at slot_mapping.
+    """qkv [T, (Hq + 2 Hkv) * D] (rows may be strided, or a matmul's Partials, added here) -> q [T,
+    Hq, D] normed and rotated; k (normed, rotated) and v written to the caches [blocks,
+    block_size, Hkv, D] at slot_mapping.
 
     cos, sin: [positions, D/2] fp32 tables; positions int64 [T]. q_norm / k_norm: [D] weights
     of a per-head RMSNorm before RoPE, or None. Both kernel modes run the fused kernel on
@@ -134,24 +139,26 @@ def rope_store_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_
     """
     t = qkv.shape[0]
     d = k_cache.shape[-1]
-    if not (qkv.is_cuda or interpreting()):
+    qkv_arg, segments, stride_segment = kernel_args(qkv)
+    if not (qkv_arg.is_cuda or interpreting()):
+        qkv = qkv.product() if isinstance(qkv, Partials) else qkv
         return rope_store_kv_reference(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
                                        num_heads, num_kv_heads, q_norm, k_norm, eps)
-    assert qkv.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    assert qkv_arg.stride(-1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
     assert d % 2 == 0 and cos.stride(1) == 1 and cos.stride() == sin.stride()
-    q = torch.empty(t, num_heads, d, dtype=qkv.dtype, device=qkv.device)
+    q = torch.empty(t, num_heads, d, dtype=qkv.dtype, device=qkv_arg.device)
     if t == 0:
         return q
     norm = q_norm is not None
     block_h = triton.next_power_of_2(d)
     _rope_store_kernel[(t, num_heads + 2 * num_kv_heads)](
-        qkv, q, q_norm if norm else qkv, k_norm if norm else qkv, cos, sin, positions, slot_mapping,
+        qkv_arg, q, q_norm if norm else q, k_norm if norm else q, cos, sin, positions, slot_mapping,
         k_cache, v_cache,
         d, d // 2, eps,
-        qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0), *k_cache.stride()[:3],
+        qkv_arg.stride(-2), q.stride(0), q.stride(1), cos.stride(0), *k_cache.stride()[:3], stride_segment,
         HQ=num_heads, HKV=num_kv_heads, PAGE=k_cache.shape[1], BLOCK_H=block_h,
-        BLOCK_HALF=triton.next_power_of_2(d // 2), NORM=norm, ASM=qkv.is_cuda,
-        **dependent_launch_options(qkv.device),
+        BLOCK_HALF=triton.next_power_of_2(d // 2), NORM=norm, ASM=qkv_arg.is_cuda, SEGMENTS=segments,
+        **dependent_launch_options(q.device),
         num_warps=_warps(block_h), enable_fp_fusion=FP_FUSION,
     )
     return q

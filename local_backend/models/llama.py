@@ -6,7 +6,9 @@ elementwise and batch-invariant by nature: the embedding gather in torch, RoPE (
 the q/k norms and the KV write) in one launch, SiLU*mul in the gate_up matmul's epilogue at
 decode and in a launch of its own in a batch, the residual adds inside the norms. Fused or
 not, each of them gives the same bits. At decode the kernel ahead of a
-matmul over small weights lets it launch early (kernels.launches_early): same bits too.
+matmul over small weights lets it launch early (kernels.launches_early), and the kernels behind
+the qkv, o and down projections add those matmuls' K segments (kernels.matmul_partials): same
+bits too.
 """
 from __future__ import annotations
 
@@ -66,7 +68,7 @@ class Llama:
 
     def attention(self, layer: Layer, x, positions, kv_cache, batch: AttentionBatch):
         cfg, t = self.cfg, x.shape[0]
-        qkv = kernels.matmul(x, layer.qkv, layer.qkv_bias)
+        qkv = kernels.matmul_partials(x, layer.qkv, layer.qkv_bias)
         k_cache, v_cache = kv_cache
         # Rotate-half (GPT-NeoX) RoPE, as in the HF Llama/Qwen checkpoints; Qwen3 norms q and k first.
         q = kernels.rope_store_kv(qkv, positions, self.cos, self.sin, k_cache, v_cache, batch.slot_mapping,
@@ -75,10 +77,10 @@ class Llama:
             q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens_q, batch.kv_lens, self.scale,
             max_q_len=batch.max_q_len, max_kv_len=batch.max_kv_len, plan=batch.plan,
             early=kernels.launches_early(layer.o))
-        return kernels.matmul(o.reshape(t, self.q_size), layer.o)
+        return kernels.matmul_partials(o.reshape(t, self.q_size), layer.o)
 
     def mlp(self, layer: Layer, x):
-        return kernels.matmul(kernels.swiglu(x, layer.gate_up), layer.down)
+        return kernels.matmul_partials(kernels.swiglu(x, layer.gate_up), layer.down)
 
     def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
         """Hidden states [T, H] after the final norm, one row per input token."""

@@ -1,0 +1,93 @@
+"""A decode matmul's K-segment sums, added by the kernel that reads its product (kernels.partials),
+give that kernel the product's bits: the residual RMSNorm and the RoPE + KV write compute what
+they compute from the product the matmul's own last program adds. Under the interpreter fp16 (its
+bf16 casts truncate)."""
+import pytest
+import torch
+
+import kernels
+from kernels.matmul import CONFIGS, _matmul_triton, k_segments
+from kernels.norm import rms_norm_residual
+from kernels.partials import Partials
+from kernels.rotary import rope_store_kv
+from test_rotary import tables
+
+GPU = torch.cuda.is_available()
+DTYPE = torch.bfloat16 if GPU else torch.float16
+SPLIT = (*CONFIGS["decode"][:4], "split")
+# (K, N) of a product the norm reads (N = hidden), and RoPE's (heads, KV heads, head dim) with K.
+# The GPU's shapes take both ways of loading them: 2-warp norms pipeline, 8-warp ones unroll.
+NORM_SHAPES = ((2048, 1024), (3072, 1024), (512, 4096)) if GPU else ((160, 64), (96, 2048))
+ROPE_SHAPES = (((16, 8, 128), 1024), ((32, 8, 128), 4096)) if GPU else (((4, 2, 16), 160),)
+ROWS = (1, 5, 16)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16)   # tells +0 from -0, which torch.equal does not
+
+
+def split_pair(a: torch.Tensor, weight: torch.Tensor) -> tuple[Partials, torch.Tensor]:
+    """(the split launch's segment sums, its product as its last programs add it)."""
+    p = _matmul_triton(a, weight.t(), None, SPLIT, unsummed=True)
+    assert isinstance(p, Partials) and p.sums.shape[0] == k_segments(a.shape[1], weight.shape[0], DTYPE)[0] > 1
+    return p, _matmul_triton(a, weight.t(), None, SPLIT)
+
+
+@pytest.mark.parametrize("K,N", NORM_SHAPES)
+def test_torch_adds_them_as_the_matmul_does(K, N, randn, small_segments):
+    weight = randn(N, K, dtype=DTYPE)
+    for m in ROWS:
+        p, product = split_pair(randn(m, K, dtype=DTYPE), weight)
+        assert torch.equal(bits(p.product()), bits(product))
+
+
+@pytest.mark.parametrize("K,N", NORM_SHAPES)
+def test_residual_norm_adds_them_as_the_matmul_does(K, N, randn, small_segments):
+    weight, norm = randn(N, K, dtype=DTYPE), randn(N, dtype=DTYPE)
+    for m in ROWS:
+        (p, product), residual = split_pair(randn(m, K, dtype=DTYPE), weight), randn(m, N, dtype=DTYPE)
+        got, want = rms_norm_residual(p, residual, norm, 1e-6), rms_norm_residual(product, residual, norm, 1e-6)
+        assert all(torch.equal(bits(g), bits(w)) for g, w in zip(got, want))
+
+
+def test_sums_start_from_zero(device):
+    # Segments of -0 add to +0 from zero (the matmul's order), and +0 + -0 keeps +0 in the residual
+    # stream, where the first segment alone would carry -0 through.
+    p = Partials(torch.full((3, 2, 64), -0.0, device=device), DTYPE)
+    residual = torch.full((2, 64), -0.0, dtype=DTYPE, device=device)
+    _, stream = rms_norm_residual(p, residual, torch.ones(64, dtype=DTYPE, device=device), 1e-6)
+    assert torch.equal(bits(stream), torch.zeros(2, 64, dtype=torch.int16, device=device))
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("heads,K", ROPE_SHAPES)
+def test_rope_adds_them_as_the_matmul_does(heads, K, norm, randn, gen, device, small_segments):
+    q_heads, kv_heads, d = heads
+    page, blocks = 16, 8
+    weight = randn((q_heads + 2 * kv_heads) * d, K, dtype=DTYPE)
+    cos, sin = tables(4096, d, device)
+    weights = (randn(d, dtype=DTYPE), randn(d, dtype=DTYPE)) if norm else (None, None)
+    for m in ROWS:
+        p, product = split_pair(randn(m, K, dtype=DTYPE), weight)
+        positions = torch.randint(0, 4000, (m,), generator=gen).to(device)
+        slots = torch.randperm(blocks * page, generator=gen)[:m].to(device)
+        slots[1::3] = -1   # padding rows write nothing
+        start = [randn(blocks, page, kv_heads, d, dtype=DTYPE) for _ in range(2)]
+        caches = [[c.clone() for c in start] for _ in range(2)]
+        q = [rope_store_kv(x, positions, cos, sin, *cache, slots, q_heads, kv_heads, *weights, 1e-6)
+             for x, cache in zip((p, product), caches)]
+        assert torch.equal(bits(q[0]), bits(q[1]))
+        assert all(torch.equal(bits(a), bits(b)) for a, b in zip(*caches))
+
+
+def test_partials_only_where_a_decode_step_splits(randn, device):
+    # A batch, a bias, or one segment (the LM head): the product itself, as matmul gives it.
+    K, N = NORM_SHAPES[0]
+    weight, bias = randn(N, K, dtype=DTYPE), randn(N, dtype=DTYPE)
+    for a, b in ((randn(300, K, dtype=DTYPE), None), (randn(1, K, dtype=DTYPE), bias)):
+        out = kernels.matmul_partials(a, weight.t(), b)
+        assert isinstance(out, torch.Tensor) and torch.equal(out, kernels.matmul(a, weight.t(), b))
+    if GPU:
+        assert isinstance(kernels.matmul_partials(randn(1, K, dtype=DTYPE), weight.t()), Partials)
+        head = randn(151936, 1024, dtype=DTYPE)
+        assert isinstance(kernels.matmul_partials(randn(1, 1024, dtype=DTYPE), head.t()), torch.Tensor)
