@@ -372,20 +372,16 @@ def _tile_counts(device: torch.device, tiles: int) -> torch.Tensor:
     return counts
 
 
-def _split_sums(a, b, segments, block_m, block_n, block_k, warps, stages) -> Partials:
-    """A program per (tile, K segment), in one launch, each storing its segment's sums: see
-    PARTIAL in _matmul_kernel."""
-    parts = torch.empty((segments[0], a.shape[0], b.shape[1]), dtype=torch.float32, device=a.device)
-    _launch_pointer(a, b, None, parts[0], segments, block_m, block_n, block_k, warps, stages, parts)
-    return Partials(parts, a.dtype)
-
-
-def _launch_split(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, gated=False):
-    """A program per (tile, K segment), in one launch, the tile's last to finish adding their sums."""
+def _launch_split(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, gated=False) -> torch.Tensor:
+    """A program per (tile, K segment), in one launch: see PARTIAL in _matmul_kernel. Given c, the
+    tile's last program to finish adds the segments' sums into it; given None, nothing adds them,
+    and the sums it returns are for the product's reader (matmul_partials)."""
     M, N = a.shape[0], b.shape[1]
     parts = torch.empty((segments[0], M, N), dtype=torch.float32, device=a.device)
-    counts = _tile_counts(a.device, triton.cdiv(M, block_m) * triton.cdiv(N, block_n))
-    _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts, counts, gated)
+    counts = None if c is None else _tile_counts(a.device, triton.cdiv(M, block_m) * triton.cdiv(N, block_n))
+    _launch_pointer(a, b, bias, parts[0] if c is None else c, segments, block_m, block_n, block_k, warps, stages,
+                    parts, counts, gated)
+    return parts
 
 
 def _matmul_triton(a, b, bias, config=None, gated=False, unsummed=False):
@@ -395,16 +391,19 @@ def _matmul_triton(a, b, bias, config=None, gated=False, unsummed=False):
     without a bias returns its segments' sums (matmul_partials)."""
     M, K = a.shape
     N = b.shape[1]
-    block_m, block_n, warps, stages, kernel = config or _config(M, N, a.dtype, a.device)
-    segments = k_segments(K, N, a.dtype) if K else (1, 0)
-    split = kernel == "split" and segments[0] > 1
-    if unsummed and split and M and N and bias is None and not gated:
-        return _split_sums(a, b, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
-    c = torch.empty((M, N // 2 if gated else N), dtype=a.dtype, device=a.device)
-    if M == 0 or N == 0:
-        return c
-    if K == 0:
+    c_shape = (M, N // 2 if gated else N)
+    if M == 0 or N == 0 or K == 0:
+        c = torch.empty(c_shape, dtype=a.dtype, device=a.device)
+        if M == 0 or N == 0:
+            return c
         return c.copy_(bias.expand(M, N)) if bias is not None else c.zero_()
+    segments = k_segments(K, N, a.dtype)
+    block_m, block_n, warps, stages, kernel = config or _config(M, N, a.dtype, a.device)
+    split = kernel == "split" and segments[0] > 1
+    if unsummed and split and bias is None and not gated:
+        parts = _launch_split(a, b, None, None, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
+        return Partials(parts, a.dtype)
+    c = torch.empty(c_shape, dtype=a.dtype, device=a.device)
     tma_ok = a.stride(1) == 1 and _tma_ready(a) and _tma_ready(b) and _tma_ready(c)
     if split:
         launch = functools.partial(_launch_split, gated=gated)

@@ -55,7 +55,7 @@ def _pipelines_partials(warps: int) -> bool:
     """Whether a norm adding a matmul's Partials issues all their loads up front (load_product's
     PIPELINED). Per step at one request, H200, against 97 us for the norms reading products: the
     0.6B shape's 2-warp norms (4-6 segments of 1,024) 164 us unrolled, 139 pipelined; the 8B shape's
-    8-warp norms (4 segments of 4,096) cost its forward 58 us more pipelined than unrolled."""
+    8-warp norms (4 segments of 4,096) cost its GPU step 58 us more pipelined than unrolled."""
     return warps <= 2
 
 

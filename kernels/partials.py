@@ -8,7 +8,7 @@ Handed the sums, they add them first to last, from zero, and round to the produc
 additions and the rounding the matmul's last program made. So they see the product's bits, and
 the matmul ends at its last store.
 
-One request's forward on an H200: 1,131 -> 1,066 us at the 0.6B shape, 4,664 -> 4,584 at the 8B
+One request's GPU step on an H200: 1,131 -> 1,066 us at the 0.6B shape, 4,664 -> 4,584 at the 8B
 (bench/results/backend_partials_ab.md, backend_partials_8b_ab.md). A norm now reads 4-6 fp32
 rows where it read one bf16 row, which gives back part of the gain; how it loads them
 (load_product's PIPELINED) was measured per shape (kernels.norm._pipelines_partials).
@@ -56,7 +56,8 @@ def load_product(ptr, offs, mask, SEGMENTS: tl.constexpr, stride_segment, DTYPE:
     if SEGMENTS == 0:
         return tl.load(ptr + offs, mask=mask, other=0.0)
     else:
-        # From zero, as the matmul: 0 + (-0) is +0, which the first sum alone would not give.
+        # The additions of _matmul_kernel's last program, which must stay alike (tests/kernels/
+        # test_partials.py holds them equal). From zero: 0 + (-0) is +0, the first sum alone -0.
         total = tl.full(offs.shape, 0.0, tl.float32)
         if PIPELINED:
             # Asynchronous copies through shared memory, all issued before the first add.

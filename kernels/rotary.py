@@ -46,6 +46,8 @@ def _rope_store_kernel(
     NORM: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr, SEGMENTS: tl.constexpr,
 ):
     wait_for_kernel_ahead(PDL)
+    # A qkv product's sums are read unrolled (load_product's PIPELINED off): a head is one warp over
+    # two segments, and pipelined the 0.6B step's RoPE took 63 us against 53 (H200).
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     slot = tl.load(slot_ptr + t)

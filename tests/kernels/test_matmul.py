@@ -131,6 +131,7 @@ def test_edge_sizes(randn):
     dtype = DTYPES[0]
     b, bias = randn(40, 24, dtype=dtype), randn(24, dtype=dtype)
     assert matmul(randn(0, 40, dtype=dtype), b).shape == (0, 24)
+    assert matmul(randn(2, 40, dtype=dtype), b[:, :0]).shape == (2, 0)
     assert torch.equal(matmul(randn(3, 0, dtype=dtype), randn(0, 24, dtype=dtype), bias), bias.expand(3, 24))
     single_col = matmul(randn(5, 40, dtype=dtype), b[:, :1])
     assert single_col.shape == (5, 1)

@@ -50,13 +50,36 @@ def test_residual_norm_adds_them_as_the_matmul_does(K, N, randn, small_segments)
         assert all(torch.equal(bits(g), bits(w)) for g, w in zip(got, want))
 
 
-def test_sums_start_from_zero(device):
+# Both ways a norm loads the sums: pipelined (at most 2 warps) and unrolled (8 warps).
+@pytest.mark.parametrize("H", (64, 4096))
+def test_sums_start_from_zero(H, device):
     # Segments of -0 add to +0 from zero (the matmul's order), and +0 + -0 keeps +0 in the residual
     # stream, where the first segment alone would carry -0 through.
-    p = Partials(torch.full((3, 2, 64), -0.0, device=device), DTYPE)
-    residual = torch.full((2, 64), -0.0, dtype=DTYPE, device=device)
-    _, stream = rms_norm_residual(p, residual, torch.ones(64, dtype=DTYPE, device=device), 1e-6)
-    assert torch.equal(bits(stream), torch.zeros(2, 64, dtype=torch.int16, device=device))
+    p = Partials(torch.full((3, 2, H), -0.0, device=device), DTYPE)
+    residual = torch.full((2, H), -0.0, dtype=DTYPE, device=device)
+    _, stream = rms_norm_residual(p, residual, torch.ones(H, dtype=DTYPE, device=device), 1e-6)
+    zeros = torch.zeros(2, H, dtype=torch.int16, device=device)
+    assert torch.equal(bits(stream), zeros) and torch.equal(bits(p.product()), zeros)
+
+
+@pytest.mark.parametrize("H", (64, 4096))
+def test_sums_add_first_to_last(H, device):
+    # 1, e, e, -1 with e = 2^-24: in order 1 + e rounds back to 1 each time and the total is 0;
+    # reversed, or in most other orders, 2^-23.
+    e = 2.0 ** -24
+    p = Partials(torch.tensor([1.0, e, e, -1.0], device=device)[:, None, None].expand(4, 2, H).contiguous(), DTYPE)
+    zeros = torch.zeros(2, H, dtype=DTYPE, device=device)
+    _, stream = rms_norm_residual(p, zeros, torch.ones(H, dtype=DTYPE, device=device), 1e-6)
+    assert torch.equal(bits(stream), bits(zeros)) and torch.equal(bits(p.product()), bits(zeros))
+    q_heads, kv_heads, d = ROPE_SHAPES[0][0]
+    n = (q_heads + 2 * kv_heads) * d
+    qkv = Partials(torch.tensor([1.0, e, e, -1.0], device=device)[:, None, None].expand(4, 2, n).contiguous(), DTYPE)
+    cos, sin = tables(8, d, device)
+    caches = [[torch.ones(1, 16, kv_heads, d, dtype=DTYPE, device=device) for _ in range(2)] for _ in range(2)]
+    q = [rope_store_kv(x, torch.tensor([3, 5], device=device), cos, sin, *cache, torch.tensor([0, 1], device=device),
+                       q_heads, kv_heads) for x, cache in zip((qkv, torch.zeros(2, n, dtype=DTYPE, device=device)), caches)]
+    assert torch.equal(bits(q[0]), bits(q[1]))
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(*caches))
 
 
 @pytest.mark.parametrize("norm", [True, False])
@@ -80,10 +103,15 @@ def test_rope_adds_them_as_the_matmul_does(heads, K, norm, randn, gen, device, s
         assert all(torch.equal(bits(a), bits(b)) for a, b in zip(*caches))
 
 
-def test_partials_only_where_a_decode_step_splits(randn, device):
-    # A batch, a bias, or one segment (the LM head): the product itself, as matmul gives it.
+def test_partials_only_where_a_decode_step_splits(randn, device, small_segments):
+    # A batch, a bias, one segment (the LM head), or swiglu's gated product: the product itself, as
+    # matmul gives it. (Under the interpreter nothing splits unless a test names the split config.)
     K, N = NORM_SHAPES[0]
     weight, bias = randn(N, K, dtype=DTYPE), randn(N, dtype=DTYPE)
+    a = randn(1, K, dtype=DTYPE)
+    for b, gated in ((bias, False), (None, True)):
+        out = _matmul_triton(a, weight.t(), b, SPLIT, gated=gated, unsummed=True)
+        assert isinstance(out, torch.Tensor) and torch.equal(out, _matmul_triton(a, weight.t(), b, SPLIT, gated=gated))
     for a, b in ((randn(300, K, dtype=DTYPE), None), (randn(1, K, dtype=DTYPE), bias)):
         out = kernels.matmul_partials(a, weight.t(), b)
         assert isinstance(out, torch.Tensor) and torch.equal(out, kernels.matmul(a, weight.t(), b))
