@@ -103,15 +103,20 @@ def test_rope_adds_them_as_the_matmul_does(heads, K, norm, randn, gen, device, s
         assert all(torch.equal(bits(a), bits(b)) for a, b in zip(*caches))
 
 
-def test_partials_only_where_a_decode_step_splits(randn, device, small_segments):
-    # A batch, a bias, one segment (the LM head), or swiglu's gated product: the product itself, as
-    # matmul gives it. (Under the interpreter nothing splits unless a test names the split config.)
+def test_a_split_with_a_bias_or_gated_is_summed(randn, small_segments):
+    # The bias and swiglu's SiLU·up need the sums: the split launch adds them itself.
     K, N = NORM_SHAPES[0]
-    weight, bias = randn(N, K, dtype=DTYPE), randn(N, dtype=DTYPE)
-    a = randn(1, K, dtype=DTYPE)
+    weight, bias, a = randn(N, K, dtype=DTYPE), randn(N, dtype=DTYPE), randn(1, K, dtype=DTYPE)
     for b, gated in ((bias, False), (None, True)):
         out = _matmul_triton(a, weight.t(), b, SPLIT, gated=gated, unsummed=True)
         assert isinstance(out, torch.Tensor) and torch.equal(out, _matmul_triton(a, weight.t(), b, SPLIT, gated=gated))
+
+
+def test_partials_only_where_a_decode_step_splits(randn, device):
+    # A batch, a bias, or one segment (the LM head): the product itself, as matmul gives it. Under
+    # the interpreter nothing splits (one config for every shape), so the rule is the GPU's.
+    K, N = NORM_SHAPES[0]
+    weight, bias = randn(N, K, dtype=DTYPE), randn(N, dtype=DTYPE)
     for a, b in ((randn(300, K, dtype=DTYPE), None), (randn(1, K, dtype=DTYPE), bias)):
         out = kernels.matmul_partials(a, weight.t(), b)
         assert isinstance(out, torch.Tensor) and torch.equal(out, kernels.matmul(a, weight.t(), b))
