@@ -22,8 +22,6 @@ and tests/kernels/test_matmul.py checks the ones used here, split or not.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -392,26 +390,22 @@ def _matmul_triton(a, b, bias, config=None, gated=False, unsummed=False):
     M, K = a.shape
     N = b.shape[1]
     c_shape = (M, N // 2 if gated else N)
-    if M == 0 or N == 0 or K == 0:
-        c = torch.empty(c_shape, dtype=a.dtype, device=a.device)
-        if M == 0 or N == 0:
-            return c
-        return c.copy_(bias.expand(M, N)) if bias is not None else c.zero_()
+    if M == 0 or N == 0 or K == 0:   # nothing to sum: the bias, or zeros (swiglu's silu(0) * 0)
+        c = torch.zeros(c_shape, dtype=a.dtype, device=a.device)
+        return c.copy_(bias.expand(M, N)) if bias is not None else c
     segments = k_segments(K, N, a.dtype)
     block_m, block_n, warps, stages, kernel = config or _config(M, N, a.dtype, a.device)
+    tiles = (segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
     split = kernel == "split" and segments[0] > 1
     if unsummed and split and bias is None and not gated:
-        parts = _launch_split(a, b, None, None, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
-        return Partials(parts, a.dtype)
+        return Partials(_launch_split(a, b, None, None, *tiles), a.dtype)
     c = torch.empty(c_shape, dtype=a.dtype, device=a.device)
-    tma_ok = a.stride(1) == 1 and _tma_ready(a) and _tma_ready(b) and _tma_ready(c)
     if split:
-        launch = functools.partial(_launch_split, gated=gated)
-    elif kernel == "tma" and tma_ok and not gated:
-        launch = _launch_tma
+        _launch_split(a, b, bias, c, *tiles, gated=gated)
+    elif kernel == "tma" and not gated and a.stride(1) == 1 and _tma_ready(a) and _tma_ready(b) and _tma_ready(c):
+        _launch_tma(a, b, bias, c, *tiles)
     else:
-        launch = functools.partial(_launch_pointer, gated=gated)
-    launch(a, b, bias, c, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
+        _launch_pointer(a, b, bias, c, *tiles, gated=gated)
     return c
 
 

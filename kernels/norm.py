@@ -98,15 +98,16 @@ def _rms_norm_triton(
     res = residual if residual is not None else out
     res_dst = res_out if res_out is not None else out
     block_h = triton.next_power_of_2(H)
+    warps = _warps(block_h)
     weight = weight.contiguous()
     if residual is not None and residual.stride(1) != 1:
         res = residual.contiguous()
     _rms_norm_kernel[(M,)](
         xs, res, weight, out, res_dst,
         H, xs.stride(-2), res.stride(0), out.stride(0), res_dst.stride(0), eps, stride_segment,
-        HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, num_warps=_warps(block_h),
+        HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, num_warps=warps,
         **dependent_launch_options(out.device), EARLY=early_launch(early, out), enable_fp_fusion=FP_FUSION,
-        SEGMENTS=segments, PIPELINED=_pipelines_partials(_warps(block_h)),
+        SEGMENTS=segments, PIPELINED=_pipelines_partials(warps),
     )
     return out, res_out
 
