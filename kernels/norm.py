@@ -27,7 +27,7 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
     H, stride_x, stride_res, stride_out, stride_res_out, eps, stride_segment,
     HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-    SEGMENTS: tl.constexpr, PIPELINED: tl.constexpr, TREE_WARPS: tl.constexpr,
+    SEGMENTS: tl.constexpr, PIPELINED: tl.constexpr,
 ):
     let_dependents_launch(EARLY)
     wait_for_kernel_ahead(PDL)
@@ -41,35 +41,9 @@ def _rms_norm_kernel(
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
         tl.store(res_out_ptr + row * stride_res_out + cols, x, mask=mask)
     xf = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(_sum_of_squares(xf, BLOCK_H, TREE_WARPS) / H + eps)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / H + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_out + cols, (xf * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _sum_of_squares(xf, BLOCK_H: tl.constexpr, TREE_WARPS: tl.constexpr):
-    """tl.sum(xf * xf) as this program's layout reduces it (TREE_WARPS 0), or as a 2-warp program's
-    does (TREE_WARPS 2, BLOCK_H 1024), whatever this program's warps: that sum written out, so that a
-    wider program keeps its bits. Triton 3.6's 2-warp layout holds element
-    rep * 512 + warp * 256 + lane * 8 + j (j < 8) in (warp, lane); sm_90 PTX of that tl.sum shows a
-    thread adding its 16 squares as a balanced tree whose leaves are fma(x[2i], x[2i], x[2i+1]^2)
-    (FP_FUSION), then lanes by xor shuffles 16 to 1 (the top lane bit first), then the two warps."""
-    if TREE_WARPS == 0:
-        return tl.sum(xf * xf, axis=0)
-    else:
-        tl.static_assert(TREE_WARPS == 2 and BLOCK_H == 1024)
-        t = tl.permute(tl.reshape(xf, (2, 64, 8)), (1, 0, 2))       # [thread, rep, j]
-        even, odd = tl.split(tl.reshape(t, (64, 8, 2)))
-        s = tl.fma(even, even, odd * odd)                            # [thread, 8 leaves]
-        for level in tl.static_range(3):                             # leaves in pairs, in order
-            a, b = tl.split(tl.reshape(s, (64, 4 >> level, 2)))
-            s = a + b
-        s = tl.reshape(s, (2, 32))                                   # [warp, lane]
-        for level in tl.static_range(5):                             # lane l with l ^ (16 >> level)
-            a, b = tl.split(tl.permute(tl.reshape(s, (2, 2, 16 >> level)), (0, 2, 1)))
-            s = a + b
-        a, b = tl.split(tl.reshape(s, (2,)))
-        return a + b
 
 
 def _warps(block_h: int) -> int:
@@ -77,22 +51,12 @@ def _warps(block_h: int) -> int:
     return max(1, min(16, block_h // 512))
 
 
-# Warps of a norm adding Partials where the norm alone would have 2 (the 0.6B shape): more threads
-# issue the 4-6 fp32 rows' loads, and _sum_of_squares keeps the 2-warp program's sum.
-_PARTIALS_WARPS = 8
-
-
-def _launch_shape(block_h: int, dtype: torch.dtype, segments: int, device: torch.device) -> tuple[int, int, bool]:
-    """(num_warps, TREE_WARPS, PIPELINED) of a norm over rows of block_h, reading a product (segments
-    0) or Partials. The interpreter's tl.sum is numpy's whatever the warps, so there TREE_WARPS stays 0.
-    PIPELINED: every segment's load issued up front (load_product). Per step at one
-    request, H200, against 97 us for the norms reading products: the 0.6B shape's 2-warp norms (4-6
-    segments of 1,024) 164 us unrolled, 139 pipelined; the 8B shape's 8-warp norms (4 segments of
-    4,096) cost its GPU step 58 us more pipelined than unrolled."""
-    warps = _warps(block_h)
-    if segments and warps == 2 and dtype != torch.float32 and device.type == "cuda":
-        return _PARTIALS_WARPS, 2, _PARTIALS_WARPS <= 2
-    return warps, 0, warps <= 2
+def _pipelines_partials(warps: int) -> bool:
+    """Whether a norm adding a matmul's Partials issues all their loads up front (load_product's
+    PIPELINED). Per step at one request, H200, against 97 us for the norms reading products: the
+    0.6B shape's 2-warp norms (4-6 segments of 1,024) 164 us unrolled, 139 pipelined; the 8B shape's
+    8-warp norms (4 segments of 4,096) cost its GPU step 58 us more pipelined than unrolled."""
+    return warps <= 2
 
 
 def _check(x: torch.Tensor | Partials, weight: torch.Tensor, residual: torch.Tensor | None = None) -> None:
@@ -134,7 +98,7 @@ def _rms_norm_triton(
     res = residual if residual is not None else out
     res_dst = res_out if res_out is not None else out
     block_h = triton.next_power_of_2(H)
-    warps, tree_warps, pipelined = _launch_shape(block_h, x.dtype, segments, out.device)
+    warps = _warps(block_h)
     weight = weight.contiguous()
     if residual is not None and residual.stride(1) != 1:
         res = residual.contiguous()
@@ -143,7 +107,7 @@ def _rms_norm_triton(
         H, xs.stride(-2), res.stride(0), out.stride(0), res_dst.stride(0), eps, stride_segment,
         HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, num_warps=warps,
         **dependent_launch_options(out.device), EARLY=early_launch(early, out), enable_fp_fusion=FP_FUSION,
-        SEGMENTS=segments, PIPELINED=pipelined, TREE_WARPS=tree_warps,
+        SEGMENTS=segments, PIPELINED=_pipelines_partials(warps),
     )
     return out, res_out
 

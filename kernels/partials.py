@@ -11,7 +11,7 @@ the matmul ends at its last store.
 One request's GPU step on an H200: 1,131 -> 1,066 us at the 0.6B shape, 4,664 -> 4,584 at the 8B
 (bench/results/backend_partials_ab.md, backend_partials_8b_ab.md). A norm now reads 4-6 fp32
 rows where it read one bf16 row, which gives back part of the gain; how it loads them
-(load_product's PIPELINED) was measured per shape (kernels.norm._launch_shape).
+(load_product's PIPELINED) was measured per shape (kernels.norm._pipelines_partials).
 """
 from __future__ import annotations
 
