@@ -62,9 +62,6 @@ _GROUP_M = 8
 # of it still runs (launches_early): on an H200, one 0.6B request (weights of 4-13 MB a matmul)
 # +5%, one 8B request (33-235 MB) -5% (bench/results/backend_early_launch_ab.md).
 _EARLY_MAX_BYTES = 16 << 20
-# A split program loads its whole segment's weights before waiting for the kernel ahead (PRELOAD_K)
-# where the segment has at most this many BLOCK_K steps: 64 KB of shared memory for a 64-wide tile.
-_PRELOAD_STEPS = 8
 # One 128x256 tile's time over two 128x128 tiles', H100 under sustained load (clocks held
 # down by the power cap, as in serving): 0.92-0.94 at K=4096/14336, N=4096/14336, M=2048-8192.
 _LARGE_TILE_TIME = 0.93
@@ -120,10 +117,9 @@ def _matmul_kernel(
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, PARTIAL: tl.constexpr,
     GATED: tl.constexpr, LIBDEVICE: tl.constexpr, LAST_ADDS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PDL: tl.constexpr, PRELOAD_K: tl.constexpr,
+    GROUP_M: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PRELOAD_K == 0:
-        wait_for_kernel_ahead(PDL)
+    wait_for_kernel_ahead(PDL)
     # Grouped launch order so that consecutive programs share B tiles in L2.
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -162,50 +158,6 @@ def _matmul_kernel(
     else:
         first_segment = 0
         last_segment = SEGMENTS
-    if PRELOAD_K:
-        # The program's one segment as one dot, its weights loaded before the wait: they are not the
-        # kernel ahead's to write, and a program launched early (launches_early) fetches them while
-        # that kernel runs. A dot over PRELOAD_K chains its k16 MMAs in order from zero, as the loop
-        # below chains them through `part` (tests/kernels/test_matmul.py holds the bits equal).
-        k_seg = first_segment * PRELOAD_K + tl.arange(0, PRELOAD_K)
-        b = tl.load(b_ptr + k_seg[:, None] * stride_bk + cols[None, :] * stride_bn, mask=k_seg[:, None] < K,
-                    other=0.0)
-        wait_for_kernel_ahead(PDL)
-        a = tl.load(a_ptr + rows[:, None] * stride_am + k_seg[None, :] * stride_ak, mask=k_seg[None, :] < K,
-                    other=0.0)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc += tl.dot(a, b)   # the loop's `acc += part`
-    else:
-        acc = _segment_sums(a_first, b_first, offs_k, first_segment, last_segment, K, SEGMENT_STEPS,
-                            stride_ak, stride_bk, EVEN_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
-
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if PARTIAL:
-        tile = offs_m[:, None] * N + offs_n[None, :]
-        tl.store(parts_ptr + first_segment.to(tl.int64) * M * N + tile, acc, mask=mask)
-        if LAST_ADDS:
-            # Every thread's store before the count (barrier, then release), and the others'
-            # partials read after it (acquire; .cg reads L2, where the other SMs wrote).
-            tl.debug_barrier()
-            if tl.atomic_add(counts_ptr + pid, 1, sem="acq_rel") == SEGMENTS - 1:
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                parts = parts_ptr + tile
-                for _ in range(0, SEGMENTS):   # the one-program `acc += part`, in order
-                    acc += tl.load(parts, mask=mask, other=0.0, cache_modifier=".cg")
-                    parts += M * N
-                tl.store(counts_ptr + pid, 0)   # ready for the next call, or the next graph replay
-                _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, M, N, pid_n, stride_cm, stride_cn,
-                        HAS_BIAS, GATED, LIBDEVICE, BLOCK_M, BLOCK_N)
-    else:
-        _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, M, N, pid_n, stride_cm, stride_cn, HAS_BIAS,
-                GATED, LIBDEVICE, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def _segment_sums(a_first, b_first, offs_k, first_segment, last_segment, K, SEGMENT_STEPS, stride_ak, stride_bk,
-                  EVEN_K: tl.constexpr, IEEE: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The segments' sums, each from zero over its steps upward, added first to last."""
     steps = tl.cdiv(K, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for segment in range(first_segment, last_segment):
@@ -228,7 +180,27 @@ def _segment_sums(a_first, b_first, offs_k, first_segment, last_segment, K, SEGM
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
         acc += part
-    return acc
+
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if PARTIAL:
+        tile = offs_m[:, None] * N + offs_n[None, :]
+        tl.store(parts_ptr + first_segment.to(tl.int64) * M * N + tile, acc, mask=mask)
+        if LAST_ADDS:
+            # Every thread's store before the count (barrier, then release), and the others'
+            # partials read after it (acquire; .cg reads L2, where the other SMs wrote).
+            tl.debug_barrier()
+            if tl.atomic_add(counts_ptr + pid, 1, sem="acq_rel") == SEGMENTS - 1:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                parts = parts_ptr + tile
+                for _ in range(0, SEGMENTS):   # the one-program `acc += part`, in order
+                    acc += tl.load(parts, mask=mask, other=0.0, cache_modifier=".cg")
+                    parts += M * N
+                tl.store(counts_ptr + pid, 0)   # ready for the next call, or the next graph replay
+                _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, M, N, pid_n, stride_cm, stride_cn,
+                        HAS_BIAS, GATED, LIBDEVICE, BLOCK_M, BLOCK_N)
+    else:
+        _finish(acc, bias_ptr, c_ptr, offs_m, offs_n, cols, mask, M, N, pid_n, stride_cm, stride_cn, HAS_BIAS,
+                GATED, LIBDEVICE, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -369,8 +341,6 @@ def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, s
     M, K = a.shape
     N = b.shape[1]
     grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n), segments[0] if parts is not None else 1)
-    # The interpreter's dot rounds by its block shape (_config), so there the segment keeps its loop.
-    preload = parts is not None and a.is_cuda and a.dtype != torch.float32 and segments[1] <= _PRELOAD_STEPS
     _matmul_kernel[grid](
         a, b, bias if bias is not None else c, c, c if parts is None else parts, c if counts is None else counts,
         M, N, K, *segments,
@@ -378,7 +348,7 @@ def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, s
         HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0, IEEE=a.dtype == torch.float32,
         PARTIAL=parts is not None, GATED=gated, LIBDEVICE=a.is_cuda, LAST_ADDS=counts is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
-        **dependent_launch_options(a.device), PRELOAD_K=segments[1] * block_k if preload else 0,
+        **dependent_launch_options(a.device),
         # The SiLU·up epilogue keeps its roundings apart, as silu_mul's kernel does; the
         # matmul itself has no product to fuse an addition into (tl.dot accumulates).
         num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION and not gated,
