@@ -51,7 +51,12 @@ CONFIGS = {
     "large": (128, 256, 8, 3, "tma"),     # enough 128x256 tiles to fill the GPU: on par with cuBLAS
     "wide": (128, 128, 8, 4, "tma"),      # enough 128x128 tiles to fill it
     "medium": (64, 128, 4, 5, "tma"),     # mid M, or wide N at decode
-    "narrow": (64, 32, 4, 8, "pointer"),  # 17..128 rows, N too small to fill the GPU with wider tiles
+    # 17..128 rows whose 128-row tiles would not fill the GPU: 64-row tiles, a program per (tile, K
+    # segment), as wide as still gives it enough programs (_batch_split). The 64x32 pointer tiles
+    # before summed every segment in one program (bench/results/kernels_batch_split.md).
+    "split128": (64, 128, 4, 4, "split"),
+    "split64": (64, 64, 4, 4, "split"),
+    "split32": (64, 32, 4, 4, "split"),
     # Decode, 1..16 rows, where the weight read is all the cost: a program per (tile, K
     # segment); with one segment, the pointer kernel. Over a layer's four matmuls the fastest
     # of the sweep, 3-5% ahead of 4 warps (bench/results/kernels_decode_options.md).
@@ -75,7 +80,7 @@ def k_segments(k: int, n: int, dtype: torch.dtype) -> tuple[int, int]:
     return triton.cdiv(steps, per), per
 
 
-def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, str]:
+def _config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, str]:
     """Pick tiles that give every SM work; decode wants many thin N tiles, and a
     program per K segment where N alone gives too few."""
     if device.type != "cuda" or dtype == torch.float32:
@@ -90,7 +95,7 @@ def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[i
     if m <= 64:
         if triton.cdiv(n, 128) >= fill:
             return CONFIGS["medium"]
-        return CONFIGS["narrow"]
+        return _batch_split(m, n, k, dtype, fill)
     large, wide = triton.cdiv(m, 128) * triton.cdiv(n, 256), triton.cdiv(m, 128) * triton.cdiv(n, 128)
     if large >= fill:
         # Waves of one tile per SM: a 128x256 tile does two 128x128 tiles' work in
@@ -102,11 +107,18 @@ def _config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[i
     if wide >= fill:
         return CONFIGS["wide"]
     if m <= 128:
-        # One or two 64-row tiles: (64, 128) leaves most SMs idle at N=4096 (32 or 64
-        # programs); 64x32 tiles give 4x the programs. H100 sweep (kernels_dense_sweep.json),
-        # M=128, N=4096: K=4096 21.0 -> 17.4 us, K=14336 66.2 -> 59.4 us.
-        return CONFIGS["narrow"]
+        return _batch_split(m, n, k, dtype, fill)
     return CONFIGS["medium"]
+
+
+def _batch_split(m: int, n: int, k: int, dtype: torch.dtype, fill: float) -> tuple[int, int, int, int, str]:
+    """The widest split tile whose programs, a (tile, K segment) each, reach `fill`; else the narrowest."""
+    segments = k_segments(k, n, dtype)[0]
+    for name in ("split128", "split64"):
+        block_m, block_n = CONFIGS[name][:2]
+        if triton.cdiv(m, block_m) * triton.cdiv(n, block_n) * segments >= fill:
+            return CONFIGS[name]
+    return CONFIGS["split32"]
 
 
 @triton.jit
@@ -394,7 +406,7 @@ def _matmul_triton(a, b, bias, config=None, gated=False, unsummed=False):
         c = torch.zeros(c_shape, dtype=a.dtype, device=a.device)
         return c.copy_(bias.expand(M, N)) if bias is not None else c
     segments = k_segments(K, N, a.dtype)
-    block_m, block_n, warps, stages, kernel = config or _config(M, N, a.dtype, a.device)
+    block_m, block_n, warps, stages, kernel = config or _config(M, N, K, a.dtype, a.device)
     tiles = (segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
     split = kernel == "split" and segments[0] > 1
     if unsummed and split and bias is None and not gated:
@@ -410,11 +422,13 @@ def _matmul_triton(a, b, bias, config=None, gated=False, unsummed=False):
 
 
 def _fuses_swiglu(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Where swiglu runs as one launch: a decode step on the GPU (its tiles pair N / 2 gate columns with
-    as many up columns). A batch's large tiles keep the vendor-speed TMA kernel and a SiLU·up launch."""
-    half_tile = CONFIGS["decode"][1] // 2
-    return (a.is_cuda and _config(a.shape[0], b.shape[1], a.dtype, a.device)[4] == "split"
-            and (b.shape[1] // 2) % half_tile == 0)
+    """Where swiglu runs as one launch: on the GPU, where the split kernel runs (its tiles pair N / 2
+    gate columns with as many up columns). Large batches keep the vendor-speed TMA kernel and a
+    SiLU·up launch."""
+    if not a.is_cuda:
+        return False
+    config = _config(a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device)
+    return config[4] == "split" and (b.shape[1] // 2) % (config[1] // 2) == 0
 
 
 def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -14,11 +14,13 @@ matmul_module = importlib.import_module("kernels.matmul")
 # Under the interpreter: tiny sizes, fp16/fp32 (its bf16 dot is wrong), K not a
 # multiple of BLOCK_K so the K tail is exercised. Its fp32 dot is a BLAS call
 # whose summation order depends on where a row sits in the block, so the
-# interpreter can only check the bit property in fp16. On a GPU: Llama-3-8B shapes.
+# interpreter can only check the bit property in fp16. On a GPU: model shapes.
 if torch.cuda.is_available():
     DTYPES = (torch.bfloat16, torch.float16)
     BIT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-    SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))  # (K, N)
+    # (K, N): Llama-3-8B's; Qwen3-0.6B's qkv and down, and a K that ends inside a BLOCK_K step, whose
+    # decode segments are 8 steps.
+    SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (1024, 4096), (3072, 1024), (1000, 1024))
     BATCH_SIZES = (1, 2, 3, 7, 16, 31, 64, 65, 127, 128, 200, 256, 511, 1024, 1500, 2048, 4096, 8192)
     TRIALS = 24
 else:

@@ -19,7 +19,7 @@ SPLIT = (*CONFIGS["decode"][:4], "split")
 # The GPU's shapes take both ways of loading them: 2-warp norms pipeline, 8-warp ones unroll.
 NORM_SHAPES = ((2048, 1024), (3072, 1024), (512, 4096)) if GPU else ((160, 64), (96, 2048))
 ROPE_SHAPES = (((16, 8, 128), 1024), ((32, 8, 128), 4096)) if GPU else (((4, 2, 16), 160),)
-ROWS = (1, 5, 16)
+ROWS = (1, 5, 16, 100)   # 100: a batch that the split kernel serves too (kernels.matmul._batch_split)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
