@@ -2,7 +2,8 @@
 
 Public API (everything else in detgate relies only on these names):
   matmul(a, b, bias=None)            a: [M, K], b: [K, N] -> [M, N]
-  matmul_partials(a, b, bias=None)   the same, or at decode its K segments' sums (Partials) for
+  matmul_partials(a, b, bias=None)   the same, or where K splits over programs (decode, batches to
+                                     128 rows) its segments' sums (Partials) for
                                      rms_norm_residual / rope_store_kv to add
   launches_early(b)                  whether the kernel ahead of a decode matmul over b lets it launch
                                      early (the `early` of rms_norm_residual, paged_attention)

@@ -6,11 +6,12 @@ its steps upward as `part = dot(a_tile, b_tile, part)` on the tensor cores, and
 the segments' sums are then added in order, first to last. Neither BLOCK_K, nor
 the segments, nor either order depends on M, so row i of C gets the same
 sequence of roundings whether it is computed alone or inside a batch of 8192
-rows. A large batch sums the segments inside one program; a decode step, whose
-N tiles alone leave most SMs idle, gives each segment its own program, and the
-last of a tile's programs to finish adds their fp32 sums: the same additions in
-the same order, in one launch. Or the kernel that reads the product adds them
-(matmul_partials, kernels/partials.py), in the same order again.
+rows. A large batch sums the segments inside one program; a decode step or a
+batch of up to 128 rows, whose tiles alone leave most SMs idle, gives each
+segment its own program, and the last of a tile's programs to finish adds their
+fp32 sums: the same additions in the same order, in one launch. Or the kernel
+that reads the product adds them (matmul_partials, kernels/partials.py), in the
+same order again.
 
 The M and N tile sizes do vary with the shape, for speed: they only decide
 which program owns an element, not how it is summed. That this holds on the
@@ -433,8 +434,9 @@ def _fuses_swiglu(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a: [M, K], b = [gate | up]: [K, 2I] -> silu(a @ gate) * (a @ up): [M, I], in a's dtype, with
-    silu_mul(matmul(a, b))'s bits in both kernel modes. At decode on the GPU one launch: the matmul's
-    epilogue computes each output once, and no [M, 2I] intermediate is written.
+    silu_mul(matmul(a, b))'s bits in both kernel modes. Where the split kernel runs on the GPU (decode,
+    batches to 128 rows) one launch: the matmul's epilogue computes each output once, and no [M, 2I]
+    intermediate is written.
 
     It never lets the matmul behind it launch early, as the norm does: triggered from a matmul,
     the early launch cost one row's 0.6B MLP 13.1 -> 21.5 us (bench/results/kernels_swiglu.md)."""
@@ -454,8 +456,9 @@ def launches_early(b: torch.Tensor) -> bool:
 
 def matmul_partials(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | Partials:
     """matmul(a, b, bias) for a kernel that reads the product through kernels.partials.load_product
-    (rms_norm_residual, rope_store_kv): where a decode step splits K over programs, and there is no
-    bias, the segments' sums, for that kernel to add; elsewhere the product."""
+    (rms_norm_residual, rope_store_kv): where a launch splits K over programs (decode, and batches
+    of up to 128 rows) and there is no bias, the segments' sums, for that kernel to add; elsewhere
+    the product."""
     return _product(a, b, bias, unsummed=True)
 
 
