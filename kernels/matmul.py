@@ -417,7 +417,7 @@ def _matmul_triton(a, b, bias, config=None, gated=False, unsummed=False):
     block_m, block_n, warps, stages, kernel = config or _config(M, N, K, a.dtype, a.device)
     tiles = (segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
     split = kernel == "split" and segments[0] > 1
-    if unsummed and split and bias is None and not gated:
+    if unsummed and split and bias is None and not gated and M <= 128:
         return Partials(_launch_split(a, b, None, None, *tiles), a.dtype)
     c = torch.empty(c_shape, dtype=a.dtype, device=a.device)
     if split:
