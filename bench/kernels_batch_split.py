@@ -1,11 +1,10 @@
-"""Batches of 17..256 rows: a program per (tile, K segment) against the dispatch before, which summed
-every K segment inside one program of 64x32 pointer tiles or 64x128 TMA tiles.
+"""Batches of 17..128 rows: a program per (tile, K segment) against the dispatch before, which summed
+every K segment inside one program of 64x32 pointer tiles.
 
-At 17..256 rows (32 or 256 requests decoding, a prefill chunk of 64..256 tokens) the tiles alone leave
+At 17..128 rows (32 requests decoding, a prefill chunk of 64 or 128 tokens) the tiles alone leave
 most SMs idle where N is small: the 0.6B o projection at 32 rows made 32 programs of 32 columns,
 each walking all of K. The shipped dispatch (kernels.matmul._batch_split) gives each K segment its
-own program: up to 128 rows on the widest 64-row tile that still gives the GPU enough of them,
-above on 128x128 tiles. Both sum each
+own program, on the widest 64-row tile that still gives the GPU enough of them. Both sum each
 segment from zero and add the segments first to last, so the bits are the same; this checks that
 too. Each variant is a CUDA graph of a model's layers' four matmuls at M rows (qkv, o and down as
 the engine calls them, matmul_partials; gate_up and SiLU·up as swiglu), every layer its own
@@ -33,16 +32,14 @@ matmul_module = importlib.import_module("kernels.matmul")   # not the function `
 SHIPPED = matmul_module._config
 # hidden, q + k + v columns, o's K, intermediate, layers (the 8B's four: 1.7 GB, past the L2)
 SHAPES = {"qwen3-0.6b": (1024, 4096, 2048, 3072, 28), "llama3-8b": (4096, 6144, 4096, 14336, 4)}
-ROWS = (17, 32, 64, 128, 192, 256)
+ROWS = (17, 32, 64, 128, 256)   # 256: where the shipped dispatch no longer splits, a check that nothing moved
 
 
 def dispatch_before(m, n, k, dtype, device):
-    """The dispatch before: where the shipped one now splits a batch, 64x32 pointer tiles up to 128 rows
-    and 64x128 TMA tiles above, each program summing every segment."""
+    """The dispatch before _batch_split: where the shipped one now splits a batch, 64x32 pointer tiles,
+    each program summing every segment."""
     config = SHIPPED(m, n, k, dtype, device)
-    if config[4] != "split" or m <= DECODE_ROWS:
-        return config
-    return (64, 32, 4, 8, "pointer") if m <= 128 else matmul_module.CONFIGS["medium"]
+    return config if config[4] != "split" or m <= DECODE_ROWS else (64, 32, 4, 8, "pointer")
 
 
 def layers(shape: str) -> tuple[list[dict], int, int]:

@@ -58,11 +58,6 @@ CONFIGS = {
     "split128": (64, 128, 4, 4, "split"),
     "split64": (64, 64, 4, 4, "split"),
     "split32": (64, 32, 4, 4, "split"),
-    # 129..256 rows whose 128x128 tiles would not fill the GPU: those tiles on the split kernel. Where
-    # the 64x128 TMA tiles summed every segment in one program: a 0.6B layer's four matmuls at 256
-    # rows 59.0 -> 49.9 us, an 8B layer's 233.5 -> 230.6 (H200, a throwaway run of the sweep in
-    # bench/kernels_batch_split.py's shape).
-    "split_wide": (128, 128, 8, 3, "split"),
     # Decode, 1..16 rows, where the weight read is all the cost: a program per (tile, K
     # segment); with one segment, the pointer kernel. Over a layer's four matmuls the fastest
     # of the sweep, 3-5% ahead of 4 warps (bench/results/kernels_decode_options.md).
@@ -114,8 +109,6 @@ def _config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) ->
         return CONFIGS["wide"]
     if m <= 128:
         return _batch_split(m, n, k, dtype, fill)
-    if m <= 256:
-        return CONFIGS["split_wide"]
     return CONFIGS["medium"]
 
 
@@ -417,7 +410,7 @@ def _matmul_triton(a, b, bias, config=None, gated=False, unsummed=False):
     block_m, block_n, warps, stages, kernel = config or _config(M, N, K, a.dtype, a.device)
     tiles = (segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
     split = kernel == "split" and segments[0] > 1
-    if unsummed and split and bias is None and not gated and M <= 128:
+    if unsummed and split and bias is None and not gated:
         return Partials(_launch_split(a, b, None, None, *tiles), a.dtype)
     c = torch.empty(c_shape, dtype=a.dtype, device=a.device)
     if split:
