@@ -32,14 +32,17 @@ matmul_module = importlib.import_module("kernels.matmul")   # not the function `
 SHIPPED = matmul_module._config
 # hidden, q + k + v columns, o's K, intermediate, layers (the 8B's four: 1.7 GB, past the L2)
 SHAPES = {"qwen3-0.6b": (1024, 4096, 2048, 3072, 28), "llama3-8b": (4096, 6144, 4096, 14336, 4)}
-ROWS = (17, 32, 64, 128, 256)   # 256: where the shipped dispatch no longer splits, a check that nothing moved
+# 8 and 256: where the shipped dispatch is the one before, a check that nothing moved
+ROWS = (8, 16, 17, 32, 64, 128, 256)
 
 
 def dispatch_before(m, n, k, dtype, device):
-    """The dispatch before _batch_split: where the shipped one now splits a batch, 64x32 pointer tiles,
-    each program summing every segment."""
+    """The dispatch before: the 16x64 decode tile up to 16 rows, and where the shipped one now splits a
+    batch, 64x32 pointer tiles, each program summing every segment."""
     config = SHIPPED(m, n, k, dtype, device)
-    return config if config[4] != "split" or m <= DECODE_ROWS else (64, 32, 4, 8, "pointer")
+    if m <= DECODE_ROWS:
+        return matmul_module.CONFIGS["decode"]
+    return config if config[4] != "split" else (64, 32, 4, 8, "pointer")
 
 
 def layers(shape: str) -> tuple[list[dict], int, int]:

@@ -58,10 +58,13 @@ CONFIGS = {
     "split128": (64, 128, 4, 4, "split"),
     "split64": (64, 64, 4, 4, "split"),
     "split32": (64, 32, 4, 4, "split"),
-    # Decode, 1..16 rows, where the weight read is all the cost: a program per (tile, K
+    # Decode, 1..8 rows, where the weight read is all the cost: a program per (tile, K
     # segment); with one segment, the pointer kernel. Over a layer's four matmuls the fastest
     # of the sweep, 3-5% ahead of 4 warps (bench/results/kernels_decode_options.md).
     "decode": (DECODE_ROWS, 64, 8, 4, "split"),
+    # 9..16 rows: twice the programs, each with fewer warps and more loads in flight
+    # (bench/results/kernels_batch_split.md).
+    "decode16": (DECODE_ROWS, 32, 2, 8, "split"),
 }
 _GROUP_M = 8
 # A decode matmul over at most this many weight bytes gains from launching while the kernel ahead
@@ -90,7 +93,7 @@ def _config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) ->
         # serving dtype: one config whose fp32 tiles fit in shared memory.
         return CONFIGS["medium"]
     if m <= DECODE_ROWS:
-        return CONFIGS["decode"]
+        return CONFIGS["decode"] if m <= DECODE_ROWS // 2 else CONFIGS["decode16"]
     sms = sm_count(device)
     fill = 0.8 * sms
     if m <= 64:
