@@ -1,12 +1,13 @@
-"""Batches of 17..128 rows: a program per (tile, K segment) against the dispatch before, which summed
-every K segment inside one program of 64x32 pointer tiles.
+"""Batches of 9..128 rows against the dispatch before: at 17..128 a program per (tile, K segment)
+where one program of a 64x32 pointer tile summed every K segment, at 9..16 the 16x32 decode tile.
 
 At 17..128 rows (32 requests decoding, a prefill chunk of 64 or 128 tokens) the tiles alone leave
 most SMs idle where N is small: the 0.6B o projection at 32 rows made 32 programs of 32 columns,
 each walking all of K. The shipped dispatch (kernels.matmul._batch_split) gives each K segment its
 own program, on the widest 64-row tile that still gives the GPU enough of them. Both sum each
 segment from zero and add the segments first to last, so the bits are the same; this checks that
-too. Each variant is a CUDA graph of a model's layers' four matmuls at M rows (qkv, o and down as
+too. At 9..16 rows the 16x32 decode tile, with 2 warps and 8 stages, gives twice the programs of
+the 16x64 one. Each variant is a CUDA graph of a model's layers' four matmuls at M rows (qkv, o and down as
 the engine calls them, matmul_partials; gate_up and SiLU·up as swiglu), every layer its own
 weights, so that they stream from memory as in a step.
 
