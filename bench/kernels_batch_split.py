@@ -6,7 +6,8 @@ most SMs idle where N is small: the 0.6B o projection at 32 rows made 32 program
 each walking all of K. The shipped dispatch (kernels.matmul._batch_split) gives each K segment its
 own program, on the widest 64-row tile that still gives the GPU enough of them. Both sum each
 segment from zero and add the segments first to last, so the bits are the same; this checks that
-too. At 9..16 rows the 16x32 decode tile, with 2 warps and 8 stages, gives twice the programs of
+too. Only the matmuls are timed: where the shipped dispatch hands on Partials, the norms and RoPE
+that add them do work left out here (bench/backend_ab.py's end-to-end runs include it). At 9..16 rows the 16x32 decode tile, with 2 warps and 8 stages, gives twice the programs of
 the 16x64 one. Each variant is a CUDA graph of a model's layers' four matmuls at M rows (qkv, o and down as
 the engine calls them, matmul_partials; gate_up and SiLU·up as swiglu), every layer its own
 weights, so that they stream from memory as in a step.

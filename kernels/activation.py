@@ -44,7 +44,7 @@ def _silu_mul_kernel(x_ptr, out_ptr, N, stride_x, stride_out, BLOCK: tl.constexp
 
 def silu_mul(x: torch.Tensor) -> torch.Tensor:
     """x [T, 2N] = [gate | up] -> silu(gate) * up [T, N], in x's dtype, in both kernel modes. The
-    model's batches take it; its decode steps, kernels.swiglu's epilogue.
+    model's large batches take it; where the split kernel runs, kernels.swiglu's epilogue.
 
     CUDA runs the fused kernel; elsewhere (the CPU, where the interpreter has no libdevice)
     torch does.

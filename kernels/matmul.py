@@ -45,14 +45,15 @@ _SPLIT_PROGRAMS = 512
 _SPLIT_BLOCK_N = 32
 _MIN_SEGMENT_STEPS = 8
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages, kernel): for each regime the fastest
-# config of the H100 sweep (bench/results/kernels_dense_sweep.json). "tma" falls
-# back to "pointer" when the operands' strides do not suit the copy engine.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, kernel): for each regime the fastest config
+# measured: large, wide and medium from the H100 sweep (bench/results/kernels_dense_sweep.json),
+# the split and decode tiles from the benchmarks their comments name. "tma" falls back to
+# "pointer" when the operands' strides do not suit the copy engine.
 CONFIGS = {
     "large": (128, 256, 8, 3, "tma"),     # enough 128x256 tiles to fill the GPU: on par with cuBLAS
     "wide": (128, 128, 8, 4, "tma"),      # enough 128x128 tiles to fill it
     "medium": (64, 128, 4, 5, "tma"),     # mid M, or wide N at decode
-    # 17..128 rows whose 128-row tiles would not fill the GPU: 64-row tiles, a program per (tile, K
+    # 17..128 rows whose TMA tiles would not fill the GPU: 64-row tiles, a program per (tile, K
     # segment), as wide as still gives it enough programs (_batch_split). The 64x32 pointer tiles
     # before summed every segment in one program (bench/results/kernels_batch_split.md).
     "split128": (64, 128, 4, 4, "split"),
@@ -429,7 +430,7 @@ def _fuses_swiglu(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Where swiglu runs as one launch: on the GPU, where the split kernel runs (its tiles pair N / 2
     gate columns with as many up columns). Large batches keep the vendor-speed TMA kernel and a
     SiLU·up launch."""
-    if not a.is_cuda:
+    if not a.is_cuda or 0 in (a.shape[1], b.shape[1]):   # an empty product has no segments to split
         return False
     config = _config(a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device)
     return config[4] == "split" and (b.shape[1] // 2) % (config[1] // 2) == 0

@@ -73,8 +73,8 @@ def test_every_tile_config_gives_the_same_bits(dtype, randn, gpu):
 
 @pytest.mark.parametrize("with_bias", (False, True))
 def test_split_programs_add_segments_as_one_program_does(with_bias, randn, small_segments):
-    # A decode step gives each K segment its own program, the last of a tile adding their
-    # sums; a batch adds them inside one program. Same tile, same bits (fp16: see above).
+    # The split kernel gives each K segment its own program, the last of a tile adding their
+    # sums; a large batch adds them inside one program. Same tile, same bits (fp16: see above).
     dtype = BIT_DTYPES[0]
     K, N = SHAPES[1]
     assert k_segments(K, N, dtype)[0] > 1

@@ -19,7 +19,7 @@ SPLIT = (*CONFIGS["decode"][:4], "split")
 # The GPU's shapes take both ways of loading them: 2-warp norms pipeline, 8-warp ones unroll.
 NORM_SHAPES = ((2048, 1024), (3072, 1024), (512, 4096)) if GPU else ((160, 64), (96, 2048))
 ROPE_SHAPES = (((16, 8, 128), 1024), ((32, 8, 128), 4096)) if GPU else (((4, 2, 16), 160),)
-ROWS = (1, 5, 16, 100)   # 100: a batch that the split kernel serves too (kernels.matmul._batch_split)
+ROWS = (1, 5, 16, 100)   # 100: a batch, on the 64-row split tile (kernels.matmul._batch_split)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -27,10 +27,12 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def split_pair(a: torch.Tensor, weight: torch.Tensor) -> tuple[Partials, torch.Tensor]:
-    """(the split launch's segment sums, its product as its last programs add it)."""
-    p = _matmul_triton(a, weight.t(), None, SPLIT, unsummed=True)
+    """(the split launch's segment sums, its product as its last programs add it), on the decode
+    tile or, past 16 rows, a batch's."""
+    config = SPLIT if a.shape[0] <= CONFIGS["decode"][0] else CONFIGS["split64"]
+    p = _matmul_triton(a, weight.t(), None, config, unsummed=True)
     assert isinstance(p, Partials) and p.sums.shape[0] == k_segments(a.shape[1], weight.shape[0], DTYPE)[0] > 1
-    return p, _matmul_triton(a, weight.t(), None, SPLIT)
+    return p, _matmul_triton(a, weight.t(), None, config)
 
 
 @pytest.mark.parametrize("K,N", NORM_SHAPES)
@@ -112,15 +114,16 @@ def test_a_split_with_a_bias_or_gated_is_summed(randn, small_segments):
         assert isinstance(out, torch.Tensor) and torch.equal(out, _matmul_triton(a, weight.t(), b, SPLIT, gated=gated))
 
 
-def test_partials_only_where_a_decode_step_splits(randn, device):
-    # A batch, a bias, or one segment (the LM head): the product itself, as matmul gives it. Under
-    # the interpreter nothing splits (one config for every shape), so the rule is the GPU's.
+def test_partials_only_where_a_launch_splits(randn, device):
+    # A large batch, a bias, or one segment (the LM head): the product itself, as matmul gives it.
+    # Under the interpreter nothing splits (one config for every shape), so the rule is the GPU's.
     K, N = NORM_SHAPES[0]
     weight, bias = randn(N, K, dtype=DTYPE), randn(N, dtype=DTYPE)
     for a, b in ((randn(300, K, dtype=DTYPE), None), (randn(1, K, dtype=DTYPE), bias)):
         out = kernels.matmul_partials(a, weight.t(), b)
         assert isinstance(out, torch.Tensor) and torch.equal(out, kernels.matmul(a, weight.t(), b))
     if GPU:
-        assert isinstance(kernels.matmul_partials(randn(1, K, dtype=DTYPE), weight.t()), Partials)
+        for m in (1, 32):   # decode, and a batch the split kernel serves
+            assert isinstance(kernels.matmul_partials(randn(m, K, dtype=DTYPE), weight.t()), Partials)
         head = randn(151936, 1024, dtype=DTYPE)
         assert isinstance(kernels.matmul_partials(randn(1, 1024, dtype=DTYPE), head.t()), torch.Tensor)

@@ -1,13 +1,17 @@
-"""swiglu(a, [gate | up]) is silu_mul(matmul(a, [gate | up])) bit for bit: at decode on the GPU
-the matmul's epilogue computes it, in a batch the two launches do, and a row's bits do not
-depend on which. Under the interpreter (fp16: its bf16 dot is wrong) the epilogue's exp is
+"""swiglu(a, [gate | up]) is silu_mul(matmul(a, [gate | up])) bit for bit: where the split kernel
+runs on the GPU (decode, small batches) the matmul's epilogue computes it, elsewhere the two
+launches do, and a row's bits do not depend on which. Under the interpreter (fp16: its bf16 dot is wrong) the epilogue's exp is
 numpy's, so the reference takes numpy's too; on a GPU both are CUDA's expf."""
+import importlib
+
 import numpy as np
 import pytest
 import torch
 
 import kernels
 from kernels.matmul import CONFIGS, _fuses_swiglu, _matmul_triton, k_segments
+
+matmul_module = importlib.import_module("kernels.matmul")   # not the function `kernels` exports
 
 GPU = torch.cuda.is_available()
 DTYPE = torch.bfloat16 if GPU else torch.float16
@@ -43,10 +47,16 @@ def test_epilogue_at_edge_sizes(randn):
                           gated=True).shape == (0, 64)
     out = _matmul_triton(randn(3, 0, dtype=DTYPE), randn(128, 0, dtype=DTYPE).t(), None, config, gated=True)
     assert out.shape == (3, 64) and not out.any()
+    # Through the dispatch, at decode and batch sizes: an empty K or N.
+    for m in (3, 32):
+        out = kernels.swiglu(randn(m, 0, dtype=DTYPE), randn(128, 0, dtype=DTYPE).t())
+        assert out.shape == (m, 64) and not out.any()
+        assert kernels.swiglu(randn(m, 40, dtype=DTYPE), randn(0, 40, dtype=DTYPE).t()).shape == (m, 0)
 
 
 @pytest.mark.parametrize("K,N", SHAPES)
-def test_row_bits_do_not_depend_on_the_batch(K, N, randn, gpu):
+def test_row_bits_do_not_depend_on_the_batch(K, N, randn, gpu, monkeypatch):
+    monkeypatch.setattr(matmul_module, "sm_count", lambda device: 132)   # where it fuses: an H100's dispatch
     # Decode rows take the fused launch, a batch of 300 the TMA matmul and SiLU·up's own kernel; 17..128
     # rows the fused launch where the split kernel runs (the 0.6B shape), the TMA kernel elsewhere.
     weight, batch = randn(N, K, dtype=DTYPE), randn(300, K, dtype=DTYPE)
