@@ -78,10 +78,11 @@ _LARGE_TILE_TIME = 0.93
 
 
 def k_segments(k: int, n: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(segments, BLOCK_K steps per segment) of a [*, k] @ [k, n] product; the last may be shorter."""
+    """(segments, BLOCK_K steps per segment) of a [*, k] @ [k, n] product; the last may be shorter.
+    An empty K has no segments, and an empty N splits as one column would."""
     steps = triton.cdiv(k, BLOCK_K[dtype])
-    wanted = _SPLIT_PROGRAMS // triton.cdiv(n, _SPLIT_BLOCK_N)
-    per = triton.cdiv(steps, max(1, min(wanted, steps // _MIN_SEGMENT_STEPS)))
+    wanted = _SPLIT_PROGRAMS // max(1, triton.cdiv(n, _SPLIT_BLOCK_N))
+    per = max(1, triton.cdiv(steps, max(1, min(wanted, steps // _MIN_SEGMENT_STEPS))))
     return triton.cdiv(steps, per), per
 
 
@@ -400,10 +401,10 @@ def _launch_split(a, b, bias, c, segments, block_m, block_n, block_k, warps, sta
 
 
 def _matmul_triton(a, b, bias, config=None, gated=False, unsummed=False):
-    """`config` overrides the dispatch, for the benchmark's sweep and the tests
-    that check every config gives the same bits. gated: swiglu's product, by the pointer
-    or split kernel (_fuses_swiglu says where that is the fast one). unsummed: a split launch
-    without a bias returns its segments' sums (matmul_partials)."""
+    """`config` overrides the dispatch: swiglu's choice (_swiglu_config), the benchmark's sweep and
+    the tests that check every config gives the same bits. gated: swiglu's product, by the pointer
+    or split kernel. unsummed: a split launch without a bias returns its segments' sums
+    (matmul_partials)."""
     M, K = a.shape
     N = b.shape[1]
     c_shape = (M, N // 2 if gated else N)
@@ -426,14 +427,14 @@ def _matmul_triton(a, b, bias, config=None, gated=False, unsummed=False):
     return c
 
 
-def _fuses_swiglu(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Where swiglu runs as one launch: on the GPU, where the split kernel runs (its tiles pair N / 2
-    gate columns with as many up columns). Large batches keep the vendor-speed TMA kernel and a
-    SiLU·up launch."""
-    if not a.is_cuda or 0 in (a.shape[1], b.shape[1]):   # an empty product has no segments to split
-        return False
+def _swiglu_config(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, int, str] | None:
+    """The dispatch's config where swiglu runs as one launch: on the GPU, where the split kernel runs
+    (its tiles pair N / 2 gate columns with as many up columns). None elsewhere: large batches keep
+    the vendor-speed TMA kernel and a SiLU·up launch."""
+    if not a.is_cuda:
+        return None
     config = _config(a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device)
-    return config[4] == "split" and (b.shape[1] // 2) % (config[1] // 2) == 0
+    return config if config[4] == "split" and (b.shape[1] // 2) % (config[1] // 2) == 0 else None
 
 
 def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -447,8 +448,9 @@ def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     _check(a, b, None)
     if b.shape[1] % 2:
         raise ValueError(f"b must be [gate | up] with an even number of columns, got {tuple(b.shape)}")
-    if use_triton(a, b) and _fuses_swiglu(a, b):
-        return _matmul_triton(a, b, None, gated=True)
+    config = _swiglu_config(a, b) if use_triton(a, b) else None
+    if config is not None:
+        return _matmul_triton(a, b, None, config, gated=True)
     return silu_mul(matmul(a, b))
 
 

@@ -2,8 +2,9 @@
 
 At decode, and in batches of up to 128 rows, a split matmul (kernels.matmul) runs a program per K
 segment, and the last program of a tile to finish used to add the segments' fp32 sums: an arrival
-count and a reload of every segment, on the critical path of every projection. The kernels behind the qkv, o and down
-projections (RoPE + KV write, the residual RMSNorm) read each element of the product once anyway.
+count and a reload of every segment, on the critical path of every projection. The kernels behind
+the qkv, o and down projections (RoPE + KV write, the residual RMSNorm) read each element of the
+product once anyway.
 Handed the sums, they add them first to last, from zero, and round to the product's dtype: the
 additions and the rounding the matmul's last program made. So they see the product's bits, and
 the matmul ends at its last store.

@@ -4,10 +4,11 @@ Every reduction (matmul, RMSNorm, attention, the logits) goes through `kernels`,
 invariant mode makes a row's bits independent of the batch around it. The rest is
 elementwise and batch-invariant by nature: the embedding gather in torch, RoPE (fused with
 the q/k norms and the KV write) in one launch, SiLU*mul in the gate_up matmul's epilogue where
-the split kernel runs (kernels.swiglu) and in a launch of its own elsewhere, the residual adds inside the norms. Fused or not, each of them gives the same bits. At
-decode the kernel ahead of a matmul over small weights lets it launch early
-(kernels.launches_early). Where K splits over programs, the kernels behind the qkv, o and down
-projections add those matmuls' K segments (kernels.matmul_partials): same bits too.
+the split kernel runs (kernels.swiglu) and in a launch of its own elsewhere, the residual adds
+inside the norms. Fused or not, each of them gives the same bits. At decode the kernel ahead of
+a matmul over small weights lets it launch early (kernels.launches_early). Where K splits over
+programs, the kernels behind the qkv, o and down projections add those matmuls' K segments
+(kernels.matmul_partials): same bits too.
 """
 from __future__ import annotations
 

@@ -100,6 +100,7 @@ def test_segments_depend_on_k_and_n_only():
             assert segments >= 1 and (segments - 1) * per < steps <= segments * per   # no empty segment
     assert k_segments(14336, 4096, torch.bfloat16) == (4, 56)   # an 8B down projection
     assert k_segments(1024, 151936, torch.bfloat16) == (1, 16)  # an LM head: its N fills the GPU
+    assert k_segments(0, 64, torch.bfloat16)[0] == 0 and k_segments(64, 0, torch.bfloat16)[0] == 1   # empty
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

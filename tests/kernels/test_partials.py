@@ -78,8 +78,9 @@ def test_sums_add_first_to_last(H, device):
     qkv = Partials(torch.tensor([1.0, e, e, -1.0], device=device)[:, None, None].expand(4, 2, n).contiguous(), DTYPE)
     cos, sin = tables(8, d, device)
     caches = [[torch.ones(1, 16, kv_heads, d, dtype=DTYPE, device=device) for _ in range(2)] for _ in range(2)]
-    q = [rope_store_kv(x, torch.tensor([3, 5], device=device), cos, sin, *cache, torch.tensor([0, 1], device=device),
-                       q_heads, kv_heads) for x, cache in zip((qkv, torch.zeros(2, n, dtype=DTYPE, device=device)), caches)]
+    positions, slots = torch.tensor([3, 5], device=device), torch.tensor([0, 1], device=device)
+    q = [rope_store_kv(x, positions, cos, sin, *cache, slots, q_heads, kv_heads)
+         for x, cache in zip((qkv, torch.zeros(2, n, dtype=DTYPE, device=device)), caches)]
     assert torch.equal(bits(q[0]), bits(q[1]))
     assert all(torch.equal(bits(a), bits(b)) for a, b in zip(*caches))
 

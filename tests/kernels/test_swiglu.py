@@ -1,7 +1,8 @@
 """swiglu(a, [gate | up]) is silu_mul(matmul(a, [gate | up])) bit for bit: where the split kernel
 runs on the GPU (decode, small batches) the matmul's epilogue computes it, elsewhere the two
-launches do, and a row's bits do not depend on which. Under the interpreter (fp16: its bf16 dot is wrong) the epilogue's exp is
-numpy's, so the reference takes numpy's too; on a GPU both are CUDA's expf."""
+launches do, and a row's bits do not depend on which. Under the interpreter (fp16: its bf16 dot is
+wrong) the epilogue's exp is numpy's, so the reference takes numpy's too; on a GPU both are CUDA's
+expf."""
 import importlib
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.matmul import CONFIGS, _fuses_swiglu, _matmul_triton, k_segments
+from kernels.matmul import CONFIGS, _matmul_triton, _swiglu_config, k_segments
 
 matmul_module = importlib.import_module("kernels.matmul")   # not the function `kernels` exports
 
@@ -57,14 +58,14 @@ def test_epilogue_at_edge_sizes(randn):
 @pytest.mark.parametrize("K,N", SHAPES)
 def test_row_bits_do_not_depend_on_the_batch(K, N, randn, gpu, monkeypatch):
     monkeypatch.setattr(matmul_module, "sm_count", lambda device: 132)   # where it fuses: an H100's dispatch
-    # Decode rows take the fused launch, a batch of 300 the TMA matmul and SiLU·up's own kernel; 17..128
-    # rows the fused launch where the split kernel runs (the 0.6B shape), the TMA kernel elsewhere.
+    # Decode rows take the fused launch, a batch of 300 the TMA matmul and SiLU·up's own kernel;
+    # 17..128 rows the fused launch where the split kernel runs (the 0.6B shape), TMA elsewhere.
     weight, batch = randn(N, K, dtype=DTYPE), randn(300, K, dtype=DTYPE)
     want = kernels.swiglu(batch, weight.t())
     assert torch.equal(want, kernels.silu_mul(kernels.matmul(batch, weight.t())))
-    assert not _fuses_swiglu(batch, weight.t())
+    assert _swiglu_config(batch, weight.t()) is None
     for m in (1, 2, 7, 16, 32, 100, 256):
-        assert _fuses_swiglu(batch[:m], weight.t()) == (m <= 16 or (m <= 128 and N == 6144))
+        assert (_swiglu_config(batch[:m], weight.t()) is not None) == (m <= 16 or (m <= 128 and N == 6144))
         for first in (0, 100 - m // 3, 300 - m):
             assert torch.equal(kernels.swiglu(batch[first:first + m], weight.t()), want[first:first + m])
 
