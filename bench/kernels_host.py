@@ -1,11 +1,12 @@
 """Host cost of one eager kernel call at decode size, invariant (Triton) against the vendor op.
 
 Outside a CUDA graph (prefill chunks the graphs do not cover, mixed steps, --no-cuda-graphs)
-the CPU time a call takes to launch, not the GPU's, sets the pace at small sizes. Each op
-runs 300 times after a warm-up; the host cost is the median wall time of the Python call
-itself (no sync inside: the GPU work of these sizes is a few microseconds, so the launch
-queue never fills and the call returns as soon as it has launched). Shapes are the 0.6B
-model's: hidden 1024, 16 query / 8 KV heads of 128, a 200-token context.
+the CPU time a call takes to launch, not the GPU's, sets the pace at small sizes. The host cost
+is the median wall time of the Python call itself (no sync inside: the GPU work of these sizes
+is a few microseconds, so the launch queue never fills and the call returns as soon as it has
+launched), over 10 rounds in which each op's invariant and vendor calls take 30 turns each, so
+that both sides see the same drift of a noisy host. Shapes are the 0.6B model's: hidden 1024,
+16 query / 8 KV heads of 128, a 200-token context.
 
     python3 bench/kernels_host.py [--out bench/results]
 """
@@ -26,19 +27,23 @@ import kernels  # noqa: E402
 from kernels.rotary import rope_store_kv_reference  # noqa: E402
 
 
-def host_us(fn, reps: int = 300) -> float:
-    for _ in range(20):
-        fn()
+def paired_us(sides: dict, rounds: int = 10, turns: int = 30) -> dict:
+    """{side: (mode, fn)} -> {side: median us of one call}, the sides taking turns."""
+    times = {side: [] for side in sides}
+    for mode, fn in sides.values():
+        with kernels.mode(mode):
+            for _ in range(20):
+                fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-        if len(times) % 50 == 0:
+    for _ in range(rounds):
+        for side, (mode, fn) in sides.items():
+            with kernels.mode(mode):
+                for _ in range(turns):
+                    t = time.perf_counter()
+                    fn()
+                    times[side].append(time.perf_counter() - t)
             torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    return round(statistics.median(times) * 1e6, 1)
+    return {side: round(statistics.median(ts) * 1e6, 1) for side, ts in times.items()}
 
 
 def ops() -> dict:
@@ -66,24 +71,28 @@ def ops() -> dict:
     def sample():
         return kernels.sample(logits, seeds, steps, temp, top_k, top_p, filtered=False)
 
-    rows = {}
-    for mode in ("invariant", "standard"):
-        with kernels.mode(mode):
-            rows[mode] = {
-                "matmul 1x1024 @ 1024x4096": host_us(lambda: kernels.matmul(x, w.t())),
-                "rms_norm 1x1024": host_us(lambda: kernels.rms_norm(h, g, 1e-6)),
-                "rms_norm_residual 1x1024": host_us(lambda: kernels.rms_norm_residual(h, h, g, 1e-6)),
-                "paged_attention decode, 1 x 200": host_us(attention),
-                "sample 1x151936 (temperature)": host_us(sample),
-            }
+    api = {
+        "matmul 1x1024 @ 1024x4096": lambda: kernels.matmul(x, w.t()),
+        "rms_norm 1x1024": lambda: kernels.rms_norm(h, g, 1e-6),
+        "rms_norm_residual 1x1024": lambda: kernels.rms_norm_residual(h, h, g, 1e-6),
+        "paged_attention decode, 1 x 200": attention,
+        "sample 1x151936 (temperature)": sample,
+    }
+    pairs = {op: {"invariant": ("invariant", fn), "standard": ("standard", fn)} for op, fn in api.items()}
     # The fused elementwise launches serve both modes; against the torch steps they replace.
-    rows["invariant"]["q/k norm + RoPE + KV write"] = host_us(lambda: kernels.rope_store_kv(
-        qkv, pos, cos, sin, kc, vc, slot, 16, 8, *norms, 1e-6))
-    rows["standard"]["q/k norm + RoPE + KV write"] = host_us(lambda: rope_store_kv_reference(
-        qkv, pos, cos, sin, kc, vc, slot, 16, 8, *norms, 1e-6))
-    rows["invariant"]["silu(gate) * up 1x3072"] = host_us(lambda: kernels.silu_mul(gate_up))
-    rows["standard"]["silu(gate) * up 1x3072"] = host_us(
-        lambda: torch.nn.functional.silu(gate_up[:, :3072]) * gate_up[:, 3072:])
+    def rope(fn):
+        return lambda: fn(qkv, pos, cos, sin, kc, vc, slot, 16, 8, *norms, 1e-6)
+
+    pairs["q/k norm + RoPE + KV write"] = {"invariant": ("invariant", rope(kernels.rope_store_kv)),
+                                           "standard": ("standard", rope(rope_store_kv_reference))}
+    pairs["silu(gate) * up 1x3072"] = {
+        "invariant": ("invariant", lambda: kernels.silu_mul(gate_up)),
+        "standard": ("standard", lambda: torch.nn.functional.silu(gate_up[:, :3072]) * gate_up[:, 3072:]),
+    }
+    rows = {"invariant": {}, "standard": {}}
+    for op, sides in pairs.items():
+        for side, us in paired_us(sides).items():
+            rows[side][op] = us
     return rows
 
 

@@ -13,6 +13,7 @@ import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
 from kernels.device import dependent_launch_options, wait_for_kernel_ahead
+from kernels.launch import cdiv, launch
 
 BLOCK = 1024
 
@@ -56,7 +57,6 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     t, n = gate.shape
     out = torch.empty(t, n, dtype=x.dtype, device=x.device)
     if t and n:
-        _silu_mul_kernel[(t, triton.cdiv(n, BLOCK))](x, out, n, x.stride(0), out.stride(0), BLOCK=BLOCK,
-                                                   **dependent_launch_options(x.device), num_warps=4,
-                                                   enable_fp_fusion=False)
+        launch(_silu_mul_kernel, (t, cdiv(n, BLOCK)), x, out, n, x.stride(0), out.stride(0), BLOCK=BLOCK,
+               **dependent_launch_options(x.device), num_warps=4, enable_fp_fusion=False)
     return out

@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from kernels.device import dependent_launch_options, early_launch, let_dependents_launch, sm_count, wait_for_kernel_ahead
+from kernels.launch import cdiv, launch, next_power_of_2
 from kernels.toolchain import FP_FUSION
 
 # The constants that fix every row's summation order: changing any of them changes output
@@ -521,11 +522,11 @@ def store_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
     assert k.stride(2) == 1 and v.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
     if T == 0:
         return
-    _store_kv_kernel[(T,)](
+    launch(_store_kv_kernel, (T,),
         k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
-        H_KV=h_kv, BLOCK_H=triton.next_power_of_2(h_kv), D=D, BLOCK_D=triton.next_power_of_2(D),
+        H_KV=h_kv, BLOCK_H=next_power_of_2(h_kv), D=D, BLOCK_D=next_power_of_2(D),
         PAGE=k_cache.shape[1], enable_fp_fusion=FP_FUSION,
     )
 
@@ -563,17 +564,17 @@ def paged_attention_triton(
         n_tiles, cu_tiles = S, cu_seqlens_q  # cu_tiles unread
     else:
         cu_tiles = torch.empty(S + 1, dtype=torch.int32, device=q.device)
-        _tile_offsets_kernel[(1,)](cu_seqlens_q, kv_lens, cu_tiles, S,
-                                   BLOCK_Q=block_q, BLOCK_S=triton.next_power_of_2(S + 1), enable_fp_fusion=FP_FUSION)
+        launch(_tile_offsets_kernel, (1,), cu_seqlens_q, kv_lens, cu_tiles, S,
+               BLOCK_Q=block_q, BLOCK_S=next_power_of_2(S + 1), enable_fp_fusion=FP_FUSION)
         # Upper bound on the number of position-aligned query tiles, known on the host: no device sync.
-        n_tiles = min(S * (triton.cdiv(max_q_len, block_q) + 1), T // block_q + 2 * S)
+        n_tiles = min(S * (cdiv(max_q_len, block_q) + 1), T // block_q + 2 * S)
     assert (WIDE_FROM - BAND_TILES) % CHUNK_TILES == 0, "chunks must end where the wide splits begin"
-    kv_tiles = triton.cdiv(max(max_kv_len, 1), BLOCK_N)
+    kv_tiles = cdiv(max(max_kv_len, 1), BLOCK_N)
     band_tiles = min(kv_tiles, BAND_TILES)
     mid_tiles = min(kv_tiles, WIDE_FROM) - band_tiles
-    chunks = triton.cdiv(mid_tiles, CHUNK_TILES) + triton.cdiv(kv_tiles - band_tiles - mid_tiles, WIDE_TILES)
+    chunks = cdiv(mid_tiles, CHUNK_TILES) + cdiv(kv_tiles - band_tiles - mid_tiles, WIDE_TILES)
     n_splits = band_tiles + chunks
-    BLOCK_D = triton.next_power_of_2(D)
+    BLOCK_D = next_power_of_2(D)
     sms = sm_count(q.device) if q.is_cuda else 1
     partials_fit = T * H * n_splits * BLOCK_D * 4 <= _MAX_PARTIALS_BYTES
     if split_per_program is None:
@@ -585,19 +586,19 @@ def paged_attention_triton(
         if splits_per_program:
             per_tile, per_chunk = splits_per_program
         elif chunks:
-            programs = n_tiles * h_kv * (triton.cdiv(band_tiles, CHUNK_TILES) + chunks)
+            programs = n_tiles * h_kv * (cdiv(band_tiles, CHUNK_TILES) + chunks)
             per_tile, per_chunk = CHUNK_TILES * (2 if programs > _SPLIT_PROGRAMS_PER_SM * sms else 1), 1
         else:
-            per_tile, per_chunk = triton.cdiv(n_tiles * h_kv * band_tiles, _SPLIT_PROGRAMS_PER_SM * sms), 1
-        tile_programs = triton.cdiv(band_tiles, per_tile)
-        grid_splits = tile_programs + triton.cdiv(chunks, per_chunk)
+            per_tile, per_chunk = cdiv(n_tiles * h_kv * band_tiles, _SPLIT_PROGRAMS_PER_SM * sms), 1
+        tile_programs = cdiv(band_tiles, per_tile)
+        grid_splits = tile_programs + cdiv(chunks, per_chunk)
         part_o = torch.empty(T, H, n_splits, BLOCK_D, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(T, H, n_splits, 2, dtype=torch.float32, device=q.device)
     else:
         per_tile, per_chunk, tile_programs, grid_splits = 0, 0, 0, 1
         part_o = part_ml = o  # unused by the fold-in-program path
     pdl = dependent_launch_options(q.device)
-    _attention_kernel[(n_tiles, h_kv, grid_splits)](
+    launch(_attention_kernel, (n_tiles, h_kv, grid_splits),
         q, k_cache, v_cache, o, part_o, part_ml,
         block_tables, cu_seqlens_q, kv_lens, cu_tiles,
         S, _n_iter(S), scale * math.log2(math.e), per_tile, per_chunk, tile_programs,
@@ -618,12 +619,12 @@ def paged_attention_triton(
             fold = "narrow" if T * H <= _FOLD_NARROW_ROWS_PER_SM * sms else "wide"
         rows, chunk_d, max_unroll, warps = _FOLD[fold]
         chunk_d = chunk_d or BLOCK_D
-        _fold_partials_kernel[(triton.cdiv(T * H, rows), triton.cdiv(BLOCK_D, chunk_d))](
+        launch(_fold_partials_kernel, (cdiv(T * H, rows), cdiv(BLOCK_D, chunk_d)),
             o, part_o, part_ml, cu_seqlens_q, kv_lens,
             S, _n_iter(S), T * H,
             o.stride(0), o.stride(1), *part_o.stride()[:3],
             H=H, D=D, BLOCK_D=BLOCK_D, BLOCK_R=rows, CHUNK_D=chunk_d,
-            UNROLL=min(max_unroll, triton.next_power_of_2(n_splits)), DECODE_ONLY=decode_only, BLOCK_N=BLOCK_N,
+            UNROLL=min(max_unroll, next_power_of_2(n_splits)), DECODE_ONLY=decode_only, BLOCK_N=BLOCK_N,
             BAND=BAND_TILES, CHUNK=CHUNK_TILES, WIDE_FROM=WIDE_FROM, WIDE=WIDE_TILES, **pdl,
             EARLY=early_launch(early, q), num_warps=warps, enable_fp_fusion=FP_FUSION,
         )

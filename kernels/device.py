@@ -48,8 +48,11 @@ def _dependent_launch(index: int) -> bool:
 def dependent_launch_options(device: torch.device, on: bool = True) -> dict:
     """A launch's PDL constexpr (the kernel's wait_for_kernel_ahead) and Triton's launch_pdl,
     which must agree: on, where the device takes dependent launches."""
-    pdl = on and dependent_launch(device)
-    return {"PDL": pdl, "launch_pdl": pdl}
+    return _PDL_OPTIONS[on and dependent_launch(device)]
+
+
+# Shared, not built per call: callers only unpack them.
+_PDL_OPTIONS = {pdl: {"PDL": pdl, "launch_pdl": pdl} for pdl in (False, True)}
 
 
 def early_launch(early: bool, x: torch.Tensor) -> bool:

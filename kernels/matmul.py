@@ -23,6 +23,8 @@ and tests/kernels/test_matmul.py checks the ones used here, split or not.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -30,6 +32,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.activation import silu_mul, silu_times
 from kernels.device import DECODE_ROWS, dependent_launch_options, sm_count, wait_for_kernel_ahead
+from kernels.launch import Launch, cdiv, launch
 from kernels.mode import get_mode, use_triton
 from kernels.partials import Partials
 from kernels.toolchain import FP_FUSION
@@ -80,10 +83,10 @@ _LARGE_TILE_TIME = 0.93
 def k_segments(k: int, n: int, dtype: torch.dtype) -> tuple[int, int]:
     """(segments, BLOCK_K steps per segment) of a [*, k] @ [k, n] product; the last may be shorter.
     An empty K has no segments, and an empty N splits as one column would."""
-    steps = triton.cdiv(k, BLOCK_K[dtype])
-    wanted = _SPLIT_PROGRAMS // max(1, triton.cdiv(n, _SPLIT_BLOCK_N))
-    per = max(1, triton.cdiv(steps, max(1, min(wanted, steps // _MIN_SEGMENT_STEPS))))
-    return triton.cdiv(steps, per), per
+    steps = cdiv(k, BLOCK_K[dtype])
+    wanted = _SPLIT_PROGRAMS // max(1, cdiv(n, _SPLIT_BLOCK_N))
+    per = max(1, cdiv(steps, max(1, min(wanted, steps // _MIN_SEGMENT_STEPS))))
+    return cdiv(steps, per), per
 
 
 def _config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, str]:
@@ -99,15 +102,15 @@ def _config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) ->
     sms = sm_count(device)
     fill = 0.8 * sms
     if m <= 64:
-        if triton.cdiv(n, 128) >= fill:
+        if cdiv(n, 128) >= fill:
             return CONFIGS["medium"]
         return _batch_split(m, n, k, dtype, fill)
-    large, wide = triton.cdiv(m, 128) * triton.cdiv(n, 256), triton.cdiv(m, 128) * triton.cdiv(n, 128)
+    large, wide = cdiv(m, 128) * cdiv(n, 256), cdiv(m, 128) * cdiv(n, 128)
     if large >= fill:
         # Waves of one tile per SM: a 128x256 tile does two 128x128 tiles' work in
         # _LARGE_TILE_TIME of their time, but where its last wave is mostly empty the
         # finer tiles finish first (K=4096, N=14336, M=1024: 448 large tiles are 3.4 waves).
-        if triton.cdiv(wide, sms) < 2 * _LARGE_TILE_TIME * triton.cdiv(large, sms):
+        if cdiv(wide, sms) < 2 * _LARGE_TILE_TIME * cdiv(large, sms):
             return CONFIGS["wide"]
         return CONFIGS["large"]
     if wide >= fill:
@@ -122,7 +125,7 @@ def _batch_split(m: int, n: int, k: int, dtype: torch.dtype, fill: float) -> tup
     segments = k_segments(k, n, dtype)[0]
     for name in ("split128", "split64"):
         block_m, block_n = CONFIGS[name][:2]
-        if triton.cdiv(m, block_m) * triton.cdiv(n, block_n) * segments >= fill:
+        if cdiv(m, block_m) * cdiv(n, block_n) * segments >= fill:
             return CONFIGS[name]
     return CONFIGS["split32"]
 
@@ -340,8 +343,8 @@ def _launch_tma(a, b, bias, c, segments, block_m, block_n, block_k, warps, stage
     else:
         b_desc = TensorDescriptor(b, [K, N], [b.stride(0), 1], [block_k, block_n])
     c_desc = TensorDescriptor(c, [M, N], [c.stride(0), 1], [block_m, block_n])
-    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    _matmul_tma_kernel[(_programs(a.device, tiles),)](
+    tiles = cdiv(M, block_m) * cdiv(N, block_n)
+    launch(_matmul_tma_kernel, (_programs(a.device, tiles),),
         a_desc, b_desc, c_desc, bias if bias is not None else c,
         M, N, K, *segments,
         HAS_BIAS=bias is not None, B_KMAJOR=b_kmajor, IEEE=a.dtype == torch.float32,
@@ -351,22 +354,17 @@ def _launch_tma(a, b, bias, c, segments, block_m, block_n, block_k, warps, stage
     )
 
 
-def _launch_pointer(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, parts=None, counts=None,
-                    gated=False):
-    """parts: a split launch's [segments, M, N] workspace, which the tile's last program adds into c
-    where counts are given, and which is left to the product's reader where they are not (c is
-    then not written)."""
-    M, K = a.shape
-    N = b.shape[1]
-    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n), segments[0] if parts is not None else 1)
-    _matmul_kernel[grid](
-        a, b, bias if bias is not None else c, c, c if parts is None else parts, c if counts is None else counts,
-        M, N, K, *segments,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0, IEEE=a.dtype == torch.float32,
-        PARTIAL=parts is not None, GATED=gated, LIBDEVICE=a.is_cuda, LAST_ADDS=counts is not None,
+@functools.lru_cache(maxsize=4096)
+def _pointer_launch(M, N, K, dtype, device, a_strides, b_strides, c_strides, segments, block_m, block_n, block_k,
+                    warps, stages, has_bias, partial, last_adds, gated) -> Launch:
+    # Eager calls repeat a model's few shapes: everything but the tensors is worked out once.
+    return Launch(
+        _matmul_kernel, (cdiv(M, block_m) * cdiv(N, block_n), segments[0] if partial else 1),
+        (M, N, K, *segments, *a_strides, *b_strides, *c_strides),
+        HAS_BIAS=has_bias, EVEN_K=K % block_k == 0, IEEE=dtype == torch.float32,
+        PARTIAL=partial, GATED=gated, LIBDEVICE=device.type == "cuda", LAST_ADDS=last_adds,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=_GROUP_M,
-        **dependent_launch_options(a.device),
+        **dependent_launch_options(device),
         # The SiLU·up epilogue keeps its roundings apart, as silu_mul's kernel does; the
         # matmul itself has no product to fuse an addition into (tl.dot accumulates).
         num_warps=warps, num_stages=stages, enable_fp_fusion=FP_FUSION and not gated,
@@ -388,18 +386,6 @@ def _tile_counts(device: torch.device, tiles: int) -> torch.Tensor:
     return counts
 
 
-def _launch_split(a, b, bias, c, segments, block_m, block_n, block_k, warps, stages, gated=False) -> torch.Tensor:
-    """A program per (tile, K segment), in one launch: see PARTIAL in _matmul_kernel. Given c, the
-    tile's last program to finish adds the segments' sums into it; given None, nothing adds them,
-    and the sums it returns are for the product's reader (matmul_partials)."""
-    M, N = a.shape[0], b.shape[1]
-    parts = torch.empty((segments[0], M, N), dtype=torch.float32, device=a.device)
-    counts = None if c is None else _tile_counts(a.device, triton.cdiv(M, block_m) * triton.cdiv(N, block_n))
-    _launch_pointer(a, b, bias, parts[0] if c is None else c, segments, block_m, block_n, block_k, warps, stages,
-                    parts, counts, gated)
-    return parts
-
-
 def _matmul_triton(a, b, bias, config=None, gated=False, unsummed=False):
     """`config` overrides the dispatch: swiglu's choice (_swiglu_config), the benchmark's sweep and
     the tests that check every config gives the same bits. gated: swiglu's product, by the pointer
@@ -408,23 +394,29 @@ def _matmul_triton(a, b, bias, config=None, gated=False, unsummed=False):
     M, K = a.shape
     N = b.shape[1]
     c_shape = (M, N // 2 if gated else N)
+    device = a.device
     if M == 0 or N == 0 or K == 0:   # nothing to sum: the bias, or zeros (swiglu's silu(0) * 0)
-        c = torch.zeros(c_shape, dtype=a.dtype, device=a.device)
+        c = torch.zeros(c_shape, dtype=a.dtype, device=device)
         return c.copy_(bias.expand(M, N)) if bias is not None else c
     segments = k_segments(K, N, a.dtype)
-    block_m, block_n, warps, stages, kernel = config or _config(M, N, K, a.dtype, a.device)
-    tiles = (segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
+    block_m, block_n, warps, stages, kernel = config or _config(M, N, K, a.dtype, device)
+    # Split: a program per (tile, K segment), summing into a [segments, M, N] workspace (PARTIAL in
+    # _matmul_kernel). The tile's last program to finish adds the segments into c; or, unsummed,
+    # nothing adds them and the product's reader does (matmul_partials): c is then not written.
     split = kernel == "split" and segments[0] > 1
-    if unsummed and split and bias is None and not gated:
-        return Partials(_launch_split(a, b, None, None, *tiles), a.dtype)
-    c = torch.empty(c_shape, dtype=a.dtype, device=a.device)
-    if split:
-        _launch_split(a, b, bias, c, *tiles, gated=gated)
-    elif kernel == "tma" and not gated and a.stride(1) == 1 and _tma_ready(a) and _tma_ready(b) and _tma_ready(c):
-        _launch_tma(a, b, bias, c, *tiles)
-    else:
-        _launch_pointer(a, b, bias, c, *tiles, gated=gated)
-    return c
+    partials = unsummed and split and bias is None and not gated
+    parts = a.new_empty((segments[0], M, N), dtype=torch.float32) if split else None
+    c = parts[0] if partials else a.new_empty(c_shape)
+    if (kernel == "tma" and not gated and a.stride(1) == 1 and _tma_ready(a) and _tma_ready(b)
+            and _tma_ready(c)):
+        _launch_tma(a, b, bias, c, segments, block_m, block_n, BLOCK_K[a.dtype], warps, stages)
+        return c
+    last_adds = split and not partials
+    bound = _pointer_launch(M, N, K, a.dtype, device, a.stride(), b.stride(), c.stride(), segments, block_m, block_n,
+                            BLOCK_K[a.dtype], warps, stages, bias is not None, split, last_adds, gated)
+    bound(a, b, bias if bias is not None else c, c, parts if split else c,
+          _tile_counts(device, bound.grid[0]) if last_adds else c)
+    return Partials(parts, a.dtype) if partials else c
 
 
 def _swiglu_config(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, int, str] | None:

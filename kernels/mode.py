@@ -45,4 +45,7 @@ def use_triton(*tensors) -> bool:
     """True when the invariant Triton path should run for these tensors."""
     if _current != "invariant":
         return False
-    return all(t.is_cuda for t in tensors) or interpreting()
+    for t in tensors:   # a loop, not all(): this runs on every eager call
+        if not t.is_cuda:
+            return interpreting()
+    return True

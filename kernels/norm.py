@@ -9,12 +9,15 @@ The fused variant first forms residual + x rounded to x's dtype (what a plain
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from kernels.device import dependent_launch_options, early_launch, let_dependents_launch, wait_for_kernel_ahead
+from kernels.launch import Launch, next_power_of_2
 from kernels.mode import get_mode, use_triton
 from kernels.partials import Partials, kernel_args, load_product
 from kernels.toolchain import FP_FUSION
@@ -90,26 +93,34 @@ def _rms_norm_triton(
     early: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     M, H = x.shape
-    out = torch.empty((M, H), dtype=x.dtype, device=weight.device)
+    out = weight.new_empty((M, H), dtype=x.dtype)
     res_out = torch.empty_like(out) if residual is not None else None
     if M == 0 or H == 0:
         return out, res_out
     xs, segments, stride_segment = kernel_args(x)
     res = residual if residual is not None else out
     res_dst = res_out if res_out is not None else out
-    block_h = triton.next_power_of_2(H)
-    warps = _warps(block_h)
     weight = weight.contiguous()
     if residual is not None and residual.stride(1) != 1:
         res = residual.contiguous()
-    _rms_norm_kernel[(M,)](
-        xs, res, weight, out, res_dst,
-        H, xs.stride(-2), res.stride(0), out.stride(0), res_dst.stride(0), eps, stride_segment,
-        HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, num_warps=warps,
-        **dependent_launch_options(out.device), EARLY=early_launch(early, out), enable_fp_fusion=FP_FUSION,
+    bound = _norm_launch(M, H, xs.stride(-2), res.stride(0), out.stride(0), res_dst.stride(0), eps, segments,
+                         stride_segment, residual is not None, early_launch(early, out), out.device)
+    bound(xs, res, weight, out, res_dst)
+    return out, res_out
+
+
+@functools.lru_cache(maxsize=4096)
+def _norm_launch(M, H, stride_x, stride_res, stride_out, stride_res_out, eps, segments, stride_segment, has_residual,
+                 early, device) -> Launch:
+    # Eager calls repeat a model's few shapes: everything but the tensors is worked out once.
+    block_h = next_power_of_2(H)
+    warps = _warps(block_h)
+    return Launch(
+        _rms_norm_kernel, (M,), (H, stride_x, stride_res, stride_out, stride_res_out, eps, stride_segment),
+        HAS_RESIDUAL=has_residual, BLOCK_H=block_h, num_warps=warps,
+        **dependent_launch_options(device), EARLY=early, enable_fp_fusion=FP_FUSION,
         SEGMENTS=segments, PIPELINED=_pipelines_partials(warps),
     )
-    return out, res_out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

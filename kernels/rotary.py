@@ -20,6 +20,7 @@ import triton.language as tl
 
 from kernels.attention import store_kv
 from kernels.device import dependent_launch_options, wait_for_kernel_ahead
+from kernels.launch import launch, next_power_of_2
 from kernels.mode import interpreting
 from kernels.norm import _warps, rms_norm
 from kernels.partials import Partials, kernel_args, load_product
@@ -152,14 +153,14 @@ def rope_store_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_
     if t == 0:
         return q
     norm = q_norm is not None
-    block_h = triton.next_power_of_2(d)
-    _rope_store_kernel[(t, num_heads + 2 * num_kv_heads)](
+    block_h = next_power_of_2(d)
+    launch(_rope_store_kernel, (t, num_heads + 2 * num_kv_heads),
         qkv_arg, q, q_norm if norm else q, k_norm if norm else q, cos, sin, positions, slot_mapping,
         k_cache, v_cache,
         d, d // 2, eps,
         qkv_arg.stride(-2), q.stride(0), q.stride(1), cos.stride(0), *k_cache.stride()[:3], stride_segment,
         HQ=num_heads, HKV=num_kv_heads, PAGE=k_cache.shape[1], BLOCK_H=block_h,
-        BLOCK_HALF=triton.next_power_of_2(d // 2), NORM=norm, ASM=qkv_arg.is_cuda, SEGMENTS=segments,
+        BLOCK_HALF=next_power_of_2(d // 2), NORM=norm, ASM=qkv_arg.is_cuda, SEGMENTS=segments,
         **dependent_launch_options(q.device),
         num_warps=_warps(block_h), enable_fp_fusion=FP_FUSION,
     )

@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import cdiv, launch, next_power_of_2
 from kernels.philox import row_uniform
 from kernels.sampling_rows import from_order_key, load_partials, merged_mass, order_key, row_params, scaled_chunk
 from kernels.toolchain import FP_FUSION
@@ -320,7 +321,7 @@ def settle(x: torch.Tensor, seeds, steps, params, m, z, out, bound, block: int, 
     count of rows left to the radix select, then those rows (in no fixed order)."""
     batch, vocab = x.shape
     chunks = m.shape[1]
-    parts = triton.cdiv(chunks, per_program)
+    parts = cdiv(chunks, per_program)
     hist = torch.empty((batch, parts, _BUCKETS), dtype=torch.int32, device=x.device)
     part = per_program * block
     sub = min(_HISTOGRAM_TILE, part)
@@ -333,14 +334,13 @@ def settle(x: torch.Tensor, seeds, steps, params, m, z, out, bound, block: int, 
     settled = torch.empty_like(last)
     work = torch.empty(1 + batch, dtype=torch.int32, device=x.device)
     shape = dict(CP=chunks_p2, STEP=_STEP, BUCKETS=_BUCKETS, num_warps=_WARPS, enable_fp_fusion=FP_FUSION)
-    _histogram_kernel[(parts, batch)](x, x.stride(0), *params, m, z, hist, shallowest, vocab, chunks, parts,
-                                      BLOCK=block, CHUNKS=per_program, SUB=sub, TILE=tile, **shape)
-    _choose_kernel[(batch,)](*params, m, z, hist, last, size, next_slot, work, vocab, chunks, parts, CP=chunks_p2,
-                             PP=max(2, triton.next_power_of_2(parts)), STEP=_STEP, BUCKETS=_BUCKETS, CAP=_CAP,
-                             num_warps=_WARPS, enable_fp_fusion=FP_FUSION)
-    _gather_kernel[(parts, batch)](x, x.stride(0), *params, m, z, last, next_slot, shallowest, entries, vocab, chunks,
-                                   parts, PART=part, TILE=tile, ROUND=_ROUND, CAP=_CAP, **shape)
-    _settle_kernel[(batch,)](seeds, steps, *params, m, z, entries, size, out, bound, settled, work, vocab, chunks,
-                             CP=chunks_p2, CAP=_CAP, SMALL=min(_SMALL, _CAP), num_warps=_WARPS,
-                             enable_fp_fusion=False)
+    launch(_histogram_kernel, (parts, batch), x, x.stride(0), *params, m, z, hist, shallowest, vocab, chunks, parts,
+           BLOCK=block, CHUNKS=per_program, SUB=sub, TILE=tile, **shape)
+    launch(_choose_kernel, (batch,), *params, m, z, hist, last, size, next_slot, work, vocab, chunks, parts,
+           CP=chunks_p2, PP=max(2, next_power_of_2(parts)), STEP=_STEP, BUCKETS=_BUCKETS, CAP=_CAP,
+           num_warps=_WARPS, enable_fp_fusion=FP_FUSION)
+    launch(_gather_kernel, (parts, batch), x, x.stride(0), *params, m, z, last, next_slot, shallowest, entries,
+           vocab, chunks, parts, PART=part, TILE=tile, ROUND=_ROUND, CAP=_CAP, **shape)
+    launch(_settle_kernel, (batch,), seeds, steps, *params, m, z, entries, size, out, bound, settled, work, vocab,
+           chunks, CP=chunks_p2, CAP=_CAP, SMALL=min(_SMALL, _CAP), num_warps=_WARPS, enable_fp_fusion=False)
     return settled, work

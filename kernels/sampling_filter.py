@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import cdiv, launch, next_power_of_2
 from kernels.sampling_rows import (chunk_mass, from_order_key, load_partials, merged_mass, order_key, release,
                                    row_params, scaled_chunk, wait_for)
 
@@ -250,21 +251,21 @@ def kept_partials(x: torch.Tensor, params, m, z, work, where, bound, block: int,
     A program takes `per_program` chunks (a part), as pass 1 does."""
     batch, vocab = x.shape
     chunks = m.shape[1]
-    parts = triton.cdiv(chunks, per_program)
+    parts = cdiv(chunks, per_program)
     bins = 1 << _BITS
     count = torch.empty((2, batch, parts, bins), dtype=torch.int32, device=x.device)
     mass = torch.empty((2, batch, parts, bins), dtype=torch.float32, device=x.device)
     state_i = torch.empty((2, batch, 2), dtype=torch.int32, device=x.device)
     state_f = torch.empty((batch, 4), dtype=torch.float32, device=x.device)
     part = torch.empty((batch, parts), dtype=torch.int32, device=x.device)
-    rows = min(triton.cdiv(batch, _LISTED), _ROWS)
-    groups = triton.cdiv(batch, rows)
+    rows = min(cdiv(batch, _LISTED), _ROWS)
+    groups = cdiv(batch, rows)
     rounds = 32 // _BITS
     done = torch.zeros(rounds * groups, dtype=torch.int32, device=x.device)
     sub = min(_SUB, block)
     assert per_program * block // sub < 256, "a packed count's byte would overflow"
-    _select_kernel[((rounds + 1) * groups * parts,)](
+    launch(_select_kernel, ((rounds + 1) * groups * parts,),
         x, x.stride(0), *params, m, z, work, where, bound, count, mass, state_i, state_f, part, done, vocab, chunks,
         parts, batch, groups, BLOCK=block, CHUNKS=per_program, SUB=sub, CP=chunks_p2,
-        PP=max(2, triton.next_power_of_2(parts)), BINS=bins, BITS=_BITS, ROUNDS=rounds, ROWS=rows, num_warps=_WARPS,
+        PP=max(2, next_power_of_2(parts)), BINS=bins, BITS=_BITS, ROUNDS=rounds, ROWS=rows, num_warps=_WARPS,
         enable_fp_fusion=False)

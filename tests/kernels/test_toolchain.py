@@ -25,19 +25,19 @@ def test_toolchain_names_the_compilers_and_on_the_cpu_its_vector_width_and_threa
 
 
 def _launches(tree: ast.AST):
-    """Each `name_kernel[grid](...)` call, with the keywords of the dicts it unpacks (`**shape`)."""
+    """Each `launch(name_kernel, grid, ...)` call, with the keywords of the dicts it unpacks (`**shape`)."""
     dicts = {node.targets[0].id: {k.arg for k in node.value.keywords}
              for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
              and isinstance(node.value.func, ast.Name) and node.value.func.id == "dict"
              and isinstance(node.targets[0], ast.Name)}
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
-                and isinstance(node.func.value, ast.Name) and node.func.value.id.endswith("_kernel")):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "launch"
+                and isinstance(node.args[0], ast.Name) and node.args[0].id.endswith("_kernel")):
             named = {k.arg for k in node.keywords if k.arg}
             for k in node.keywords:
                 if k.arg is None and isinstance(k.value, ast.Name):
                     named |= dicts.get(k.value.id, set())
-            yield node.func.value.id, named
+            yield node.args[0].id, named
 
 
 def test_every_launch_names_its_fma_contraction():
