@@ -83,9 +83,15 @@ _LARGE_TILE_TIME = 0.93
 def k_segments(k: int, n: int, dtype: torch.dtype) -> tuple[int, int]:
     """(segments, BLOCK_K steps per segment) of a [*, k] @ [k, n] product; the last may be shorter.
     An empty K has no segments, and an empty N splits as one column would."""
-    steps = cdiv(k, BLOCK_K[dtype])
-    wanted = _SPLIT_PROGRAMS // max(1, cdiv(n, _SPLIT_BLOCK_N))
-    per = max(1, cdiv(steps, max(1, min(wanted, steps // _MIN_SEGMENT_STEPS))))
+    # The rule's constants are read per call (benchmarks and tests vary them); the arithmetic is kept.
+    return _segments(k, n, BLOCK_K[dtype], _SPLIT_PROGRAMS, _SPLIT_BLOCK_N, _MIN_SEGMENT_STEPS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _segments(k: int, n: int, block_k: int, programs: int, block_n: int, min_steps: int) -> tuple[int, int]:
+    steps = cdiv(k, block_k)
+    wanted = programs // max(1, cdiv(n, block_n))
+    per = max(1, cdiv(steps, max(1, min(wanted, steps // min_steps))))
     return cdiv(steps, per), per
 
 
