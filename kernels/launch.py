@@ -61,6 +61,13 @@ def _kernel(fn) -> _Kernel | None:
     return kernel if kernel is not None and kernel.keyable else None
 
 
+def _hooked() -> bool:
+    """Whether a profiler's launch hooks are set (proton, say): they see Triton's own launches only.
+    Triton 3.4 and 3.5 keep one hook or None, 3.6 on a chain of them."""
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    return bool(getattr(enter, "calls", enter) or getattr(leave, "calls", leave))
+
+
 def _first(compiled_by_key: dict, key: tuple, fn, grid, args: tuple, kwargs: dict) -> None:
     """Triton's own launch, whose compiled kernel the key replays from then on."""
     compiled = fn[grid](*args, **kwargs)
@@ -79,9 +86,7 @@ def launch(fn, grid: tuple[int, ...], *args, **kwargs) -> None:
     """fn[grid](*args, **kwargs), with the runtime arguments by position and constexprs and options
     by keyword."""
     kernel = _kernel(fn)
-    # A profiler's launch hooks (proton, say) see Triton's own launches only.
-    hooks = knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls
-    if kernel is None or len(args) != kernel.runtime or hooks:
+    if kernel is None or len(args) != kernel.runtime or _hooked():
         fn[grid](*args, **kwargs)
         return
     device = driver.active.get_current_device()
@@ -117,8 +122,7 @@ class Launch:
         self.compiled: dict[tuple, object] = {}
 
     def __call__(self, *tensors: torch.Tensor) -> None:
-        hooks = knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls
-        if self.kernel is None or len(tensors) + len(self.scalars) != self.kernel.runtime or hooks:
+        if self.kernel is None or len(tensors) + len(self.scalars) != self.kernel.runtime or _hooked():
             self.fn[self.grid](*tensors, *self.scalars, **self.kwargs)
             return
         device = driver.active.get_current_device()
