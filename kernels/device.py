@@ -3,6 +3,7 @@ count, and whether it takes programmatic dependent launches."""
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 
 import torch
 import triton
@@ -51,8 +52,8 @@ def dependent_launch_options(device: torch.device, on: bool = True) -> dict:
     return _PDL_OPTIONS[on and dependent_launch(device)]
 
 
-# Shared, not built per call: callers only unpack them.
-_PDL_OPTIONS = {pdl: {"PDL": pdl, "launch_pdl": pdl} for pdl in (False, True)}
+# Shared, not built per call, and read-only.
+_PDL_OPTIONS = {pdl: MappingProxyType({"PDL": pdl, "launch_pdl": pdl}) for pdl in (False, True)}
 
 
 def early_launch(early: bool, x: torch.Tensor) -> bool:

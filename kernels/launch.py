@@ -9,7 +9,9 @@ themselves (a tensor by its dtype and 16-byte alignment, which is all Triton's s
 of it; any other argument by its type and value, which decide whatever Triton reads of it: 1, 1.0
 and True compile apart), the constexprs and options likewise, and the current device, and hands
 the arguments straight to the compiled kernel that Triton's own launch returned the first time it
-saw that key. The same compiled kernel, so the same bits.
+saw that key. The same compiled kernel, so the same bits. (A tuple argument is keyed by its value,
+as Triton 3.6 keys its own cache; none is passed here. A TMA descriptor is not hashable: those
+launches take Triton's path every time.)
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class _Kernel:
 # Per JIT function, by id (its hash is computed in Python): the function, and None where launches
 # go through Triton's own path (the interpreter's functions).
 _kernels: dict[int, tuple[object, _Kernel | None]] = {}
+_MISSING = object()
 # Keys are per value, so per shape: a process that sees many shapes starts over past this many.
 _MAX_KEYS = 4096
 
@@ -61,11 +64,21 @@ def _kernel(fn) -> _Kernel | None:
     return kernel if kernel is not None and kernel.keyable else None
 
 
-def _hooked() -> bool:
-    """Whether a profiler's launch hooks are set (proton, say): they see Triton's own launches only.
-    Triton 3.4 and 3.5 keep one hook or None, 3.6 on a chain of them."""
-    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    return bool(getattr(enter, "calls", enter) or getattr(leave, "calls", leave))
+def _triton_path(fn) -> bool:
+    """Whether this call must take Triton's own launch, for what it does per call that a replay
+    would skip: a profiler's launch hooks (proton, say) see its launches; a debug or instrumentation
+    mode, or a stages-inspection hook (3.9), changes what it compiles; pre-run hooks run; and it refuses a kernel whose globals changed
+    since the compile. Triton 3.4 and 3.5 keep one launch hook or None, 3.6 on a chain of them."""
+    runtime = knobs.runtime
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    if (getattr(enter, "calls", enter) or getattr(leave, "calls", leave) or runtime.debug
+            or getattr(knobs.compilation, "instrumentation_mode", "") or getattr(fn, "pre_run_hooks", None)
+            or getattr(runtime, "add_stages_inspection_hook", None)):
+        return True
+    for (name, _), (value, scope) in fn.used_global_vals.items():
+        if scope.get(name, _MISSING) != value:
+            return True
+    return False
 
 
 def _first(compiled_by_key: dict, key: tuple, fn, grid, args: tuple, kwargs: dict) -> None:
@@ -86,7 +99,7 @@ def launch(fn, grid: tuple[int, ...], *args, **kwargs) -> None:
     """fn[grid](*args, **kwargs), with the runtime arguments by position and constexprs and options
     by keyword."""
     kernel = _kernel(fn)
-    if kernel is None or len(args) != kernel.runtime or _hooked():
+    if kernel is None or len(args) != kernel.runtime or _triton_path(fn):
         fn[grid](*args, **kwargs)
         return
     device = driver.active.get_current_device()
@@ -122,7 +135,7 @@ class Launch:
         self.compiled: dict[tuple, object] = {}
 
     def __call__(self, *tensors: torch.Tensor) -> None:
-        if self.kernel is None or len(tensors) + len(self.scalars) != self.kernel.runtime or _hooked():
+        if self.kernel is None or len(tensors) + len(self.scalars) != self.kernel.runtime or _triton_path(self.fn):
             self.fn[self.grid](*tensors, *self.scalars, **self.kwargs)
             return
         device = driver.active.get_current_device()

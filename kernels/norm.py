@@ -103,7 +103,8 @@ def _rms_norm_triton(
     weight = weight.contiguous()
     if residual is not None and residual.stride(1) != 1:
         res = residual.contiguous()
-    bound = _norm_launch(M, H, xs.stride(-2), res.stride(0), out.stride(0), res_dst.stride(0), eps, segments,
+    # eps as a float: the cache would take 1 and 1.0 for one key, which Triton compiles apart.
+    bound = _norm_launch(M, H, xs.stride(-2), res.stride(0), out.stride(0), res_dst.stride(0), float(eps), segments,
                          stride_segment, residual is not None, early_launch(early, out), out.device)
     bound(xs, res, weight, out, res_dst)
     return out, res_out

@@ -1,5 +1,8 @@
-"""kernels.launch: a replayed launch runs the compiled kernel Triton's own launch would pick, for
-every way Triton specializes an argument, and computes what Triton's launch computes."""
+"""kernels.launch: a replayed launch runs the compiled kernel Triton's own launch would pick for
+pointers of either alignment and integers of each class Triton specializes (1, multiples of 16,
+others, past int32), ints and floats for one parameter, and constexprs; and computes what Triton's
+launch computes. Under the interpreter (CPU) every launch takes Triton's own path, so there these
+tests check that path; the replays run on a GPU."""
 import pytest
 import torch
 import triton
@@ -37,23 +40,24 @@ def test_host_integer_helpers_match_triton():
             assert cdiv(n, d) == triton.cdiv(n, d)
 
 
-# (elements, offset into the buffer: 1 leaves the pointer off 16 bytes, shift, block, twice); the
-# shifts cover each integer class Triton specializes on: 1, multiples of 16, others, past int32.
-VARIANTS = [(100, 0, 3, 32, False), (100, 1, 3, 32, False), (100, 0, 1, 32, False), (96, 0, 16, 32, False),
-            (100, 0, 17, 64, False), (100, 0, 3, 32, True), (33, 3, 1 << 33, 32, False), (16, 0, -5, 16, True)]
+# (elements, offset into the buffer: 1 leaves the pointer off 16 bytes, shift, scale, block, twice); the
+# shifts cover each integer class Triton specializes on: 1, multiples of 16, others, past int32; the
+# scales a float, an int and the int 1 (a constant to Triton) for one parameter.
+VARIANTS = [(100, 0, 3, 0.5, 32, False), (100, 1, 3, 0.5, 32, False), (100, 0, 1, 0.5, 32, False),
+            (96, 0, 16, 0.5, 32, False), (100, 0, 17, 0.5, 64, False), (100, 0, 3, 0.5, 32, True),
+            (33, 3, 1 << 33, 0.5, 32, False), (16, 0, -5, 0.5, 16, True), (100, 0, 3, 2, 32, False),
+            (100, 0, 3, 1, 32, False)]
 
 
-@pytest.mark.parametrize("elements, offset, shift, block, twice", VARIANTS)
-def test_launch_computes_what_triton_does(device, randn, elements, offset, shift, block, twice):
+@pytest.mark.parametrize("elements, offset, shift, scale, block, twice", VARIANTS)
+def test_launch_computes_what_triton_does(device, randn, elements, offset, shift, scale, block, twice):
     buf = randn(elements + offset)
     x = buf[offset:]
-    want = torch.empty_like(x)
-    _call(x, want, shift, 0.5, block, twice, _triton)
     for _ in range(3):   # the first launch compiles and records; the others replay
         x.copy_(randn(elements))
         got, want = torch.empty_like(x), torch.empty_like(x)
-        _call(x, got, shift, 0.5, block, twice, launch)
-        _call(x, want, shift, 0.5, block, twice, _triton)
+        _call(x, got, shift, scale, block, twice, launch)
+        _call(x, want, shift, scale, block, twice, _triton)
         assert torch.equal(got, want)
 
 
@@ -61,14 +65,14 @@ def test_replayed_kernel_is_the_one_triton_picks(gpu, randn):
     """For each variant, the compiled kernel replayed is the object Triton's own launch returns:
     the key tells apart at least what Triton's specialization does."""
     seen = {}
-    for elements, offset, shift, block, twice in VARIANTS:
+    for elements, offset, shift, scale, block, twice in VARIANTS:
         x = randn(elements + offset)[offset:]
         out = torch.empty_like(x)
-        _call(x, out, shift, 0.5, block, twice, launch)
-        picked = _shifted_kernel[(cdiv(elements, block),)](x, out, elements, shift, 0.5, BLOCK=block, TWICE=twice,
+        _call(x, out, shift, scale, block, twice, launch)
+        picked = _shifted_kernel[(cdiv(elements, block),)](x, out, elements, shift, scale, BLOCK=block, TWICE=twice,
                                                             num_warps=1)
         kernel = launch_module._kernels[id(_shifted_kernel)][1]
-        key = launch_module._key(torch.cuda.current_device(), (x, out, elements, shift, 0.5),
+        key = launch_module._key(torch.cuda.current_device(), (x, out, elements, shift, scale),
                                  {"BLOCK": block, "TWICE": twice, "num_warps": 1})
         assert kernel.compiled[key] is picked
         seen[key] = picked
@@ -98,25 +102,33 @@ def test_a_launch_hook_sees_every_launch(gpu, randn):
 
     for _ in range(2):
         _call(x, out, 3, 0.5, 32, False, launch)
-    knobs.runtime.launch_enter_hook.add(hook)
+    chain = knobs.runtime.launch_enter_hook   # a chain from Triton 3.6, before it one hook or None
+    if hasattr(chain, "add"):
+        chain.add(hook)
+    else:
+        knobs.runtime.launch_enter_hook = hook
     try:
         _call(x, out, 3, 0.5, 32, False, launch)
     finally:
-        knobs.runtime.launch_enter_hook.remove(hook)
+        if hasattr(chain, "remove"):
+            chain.remove(hook)
+        else:
+            knobs.runtime.launch_enter_hook = chain
     assert names == ["_shifted_kernel"]
 
 
 def test_equal_values_of_other_types_key_apart():
-    """1, 1.0 and True are equal in Python but compile apart in Triton (i32, fp32, i1)."""
+    """1, 1.0 and True are equal in Python, but as arguments Triton compiles them apart (the constant
+    1, fp32, i1)."""
     keys = {launch_module._key(0, (v,), {}) for v in (1, 1.0, True)}
     assert len(keys) == 3
     assert len({launch_module._key(0, (), {"BLOCK": v}) for v in (1, 1.0, True)}) == 3
 
 
-@pytest.mark.parametrize("elements, offset, shift, block, twice", VARIANTS)
-def test_bound_launch_computes_what_triton_does(device, randn, elements, offset, shift, block, twice):
+@pytest.mark.parametrize("elements, offset, shift, scale, block, twice", VARIANTS)
+def test_bound_launch_computes_what_triton_does(device, randn, elements, offset, shift, scale, block, twice):
     """A Launch fixes all but the tensors; its replays give Triton's results, for Triton's kernel."""
-    bound = Launch(_shifted_kernel, (cdiv(elements, block),), (elements, shift, 0.5), BLOCK=block, TWICE=twice,
+    bound = Launch(_shifted_kernel, (cdiv(elements, block),), (elements, shift, scale), BLOCK=block, TWICE=twice,
                    num_warps=1)
     buf = randn(elements + offset)
     x = buf[offset:]
@@ -124,9 +136,9 @@ def test_bound_launch_computes_what_triton_does(device, randn, elements, offset,
         x.copy_(randn(elements))
         got, want = torch.empty_like(x), torch.empty_like(x)
         bound(x, got)
-        _call(x, want, shift, 0.5, block, twice, _triton)
+        _call(x, want, shift, scale, block, twice, _triton)
         assert torch.equal(got, want)
     if device == "cuda":
-        picked = _shifted_kernel[bound.grid](x, got, elements, shift, 0.5, BLOCK=block, TWICE=twice, num_warps=1)
+        picked = _shifted_kernel[bound.grid](x, got, elements, shift, scale, BLOCK=block, TWICE=twice, num_warps=1)
         key = (torch.cuda.current_device(), (x.dtype, x.data_ptr() % 16 == 0), (got.dtype, True))
         assert bound.compiled[key] is picked
