@@ -7,10 +7,11 @@ each walking all of K. The shipped dispatch (kernels.matmul._batch_split) gives 
 own program, on the widest 64-row tile that still gives the GPU enough of them. Both sum each
 segment from zero and add the segments first to last, so the bits are the same; this checks that
 too. Only the matmuls are timed: where the shipped dispatch hands on Partials, the norms and RoPE
-that add them do work left out here (bench/backend_ab.py's end-to-end runs include it). At 9..16 rows the 16x32 decode tile, with 2 warps and 8 stages, gives twice the programs of
-the 16x64 one. Each variant is a CUDA graph of a model's layers' four matmuls at M rows (qkv, o and down as
-the engine calls them, matmul_partials; gate_up and SiLU·up as swiglu), every layer its own
-weights, so that they stream from memory as in a step.
+that add them do work left out here (bench/backend_ab.py's end-to-end runs include it). At 9..16
+rows the 16x32 decode tile, with 2 warps and 8 stages, gives twice the programs of the 16x64 one.
+Each variant is a CUDA graph of a model's layers' four matmuls at M rows (qkv, o and down as the
+engine calls them, matmul_partials; gate_up and SiLU·up as swiglu), every layer its own weights,
+so that they stream from memory as in a step.
 
     python3 bench/kernels_batch_split.py [--out bench/results]
 """
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels  # noqa: E402
 from kernels.device import DECODE_ROWS  # noqa: E402
+from kernels_dense import gpu_us  # noqa: E402
 from md_table import markdown_table  # noqa: E402
 
 matmul_module = importlib.import_module("kernels.matmul")   # not the function `kernels` exports
@@ -68,24 +70,6 @@ def products(outs: list) -> list[torch.Tensor]:
     return [t.product() if isinstance(t, matmul_module.Partials) else t for t in outs]
 
 
-def graph_us(fn, replays: int = 30) -> float:
-    fn()   # compiles, and sizes the split workspaces outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return sorted(times)[len(times) // 2]
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -102,7 +86,8 @@ def main() -> None:
                 matmul_module._config = dispatch
                 try:
                     outs[name] = products(step(weights, x, attn))
-                    us[name] = graph_us(lambda: step(weights, x, attn)) / len(weights)
+                    # gpu_us runs the step once outside its graph: that sizes the split workspaces.
+                    us[name] = gpu_us(lambda: step(weights, x, attn)) / len(weights)
                 finally:
                     matmul_module._config = SHIPPED
             tiles = sorted({SHIPPED(m, n, k, torch.bfloat16, x.device)[:2]

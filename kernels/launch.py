@@ -33,20 +33,19 @@ def next_power_of_2(n: int) -> int:
 
 
 class _Kernel:
-    """A JIT function's runtime parameters (every constexpr follows them), and the compiled kernels
-    Triton's launch gave it, per key."""
+    """A JIT function's runtime parameters, which all precede its constexprs, and the compiled
+    kernels Triton's launch gave it, per key."""
 
-    def __init__(self, fn: JITFunction):
-        constexpr = [p.is_constexpr for p in fn.params]
-        self.runtime = constexpr.index(True) if True in constexpr else len(constexpr)
+    def __init__(self, runtime: int, constexprs: int):
+        self.runtime = runtime
         # The launcher skips a constexpr's slot, but each parameter needs one.
-        self.constexpr_slots = (None,) * (len(constexpr) - self.runtime)
-        self.keyable = not any(constexpr[:self.runtime]) and all(constexpr[self.runtime:])
+        self.constexpr_slots = (None,) * constexprs
         self.compiled: dict[tuple, object] = {}
 
 
 # Per JIT function, by id (its hash is computed in Python): the function, and None where launches
-# go through Triton's own path (the interpreter's functions).
+# go through Triton's own path (the interpreter's functions, and a constexpr ahead of a runtime
+# parameter, whose slots a call's arguments would not line up with).
 _kernels: dict[int, tuple[object, _Kernel | None]] = {}
 _MISSING = object()
 # Keys are per value, so per shape: a process that sees many shapes starts over past this many.
@@ -58,17 +57,22 @@ def _kernel(fn) -> _Kernel | None:
     (the interpreter's functions are not JITFunctions)."""
     known, kernel = _kernels.get(id(fn), (None, None))
     if known is not fn:
-        keyable = isinstance(fn, JITFunction) and not knobs.runtime.interpret
-        kernel = _Kernel(fn) if keyable else None
+        kernel = None
+        if isinstance(fn, JITFunction) and not knobs.runtime.interpret:
+            constexpr = [p.is_constexpr for p in fn.params]
+            runtime = constexpr.index(True) if True in constexpr else len(constexpr)
+            if all(constexpr[runtime:]):
+                kernel = _Kernel(runtime, len(constexpr) - runtime)
         _kernels[id(fn)] = fn, kernel
-    return kernel if kernel is not None and kernel.keyable else None
+    return kernel
 
 
 def _triton_path(fn) -> bool:
     """Whether this call must take Triton's own launch, for what it does per call that a replay
     would skip: a profiler's launch hooks (proton, say) see its launches; a debug or instrumentation
-    mode, or a stages-inspection hook (3.9), changes what it compiles; pre-run hooks run; and it refuses a kernel whose globals changed
-    since the compile. Triton 3.4 and 3.5 keep one launch hook or None, 3.6 on a chain of them."""
+    mode, or a stages-inspection hook (3.9), changes what it compiles; pre-run hooks run; and it
+    refuses a kernel whose globals changed since the compile. Triton 3.4 and 3.5 keep one launch
+    hook or None, 3.6 on a chain of them."""
     runtime = knobs.runtime
     enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
     if (getattr(enter, "calls", enter) or getattr(leave, "calls", leave) or runtime.debug

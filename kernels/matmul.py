@@ -360,7 +360,7 @@ def _launch_tma(a, b, bias, c, segments, block_m, block_n, block_k, warps, stage
     )
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096, typed=True)   # typed: as Triton compiles 1 and True apart
 def _pointer_launch(M, N, K, dtype, device, a_strides, b_strides, c_strides, segments, block_m, block_n, block_k,
                     warps, stages, has_bias, partial, last_adds, gated) -> Launch:
     # Eager calls repeat a model's few shapes: everything but the tensors is worked out once.

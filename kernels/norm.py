@@ -103,14 +103,13 @@ def _rms_norm_triton(
     weight = weight.contiguous()
     if residual is not None and residual.stride(1) != 1:
         res = residual.contiguous()
-    # eps as a float: the cache would take 1 and 1.0 for one key, which Triton compiles apart.
-    bound = _norm_launch(M, H, xs.stride(-2), res.stride(0), out.stride(0), res_dst.stride(0), float(eps), segments,
+    bound = _norm_launch(M, H, xs.stride(-2), res.stride(0), out.stride(0), res_dst.stride(0), eps, segments,
                          stride_segment, residual is not None, early_launch(early, out), out.device)
     bound(xs, res, weight, out, res_dst)
     return out, res_out
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096, typed=True)   # typed: Triton compiles an eps of 1 and 1.0 apart
 def _norm_launch(M, H, stride_x, stride_res, stride_out, stride_res_out, eps, segments, stride_segment, has_residual,
                  early, device) -> Launch:
     # Eager calls repeat a model's few shapes: everything but the tensors is worked out once.
