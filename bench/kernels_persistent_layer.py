@@ -40,11 +40,10 @@ import kernels  # noqa: E402
 from kernels.device import sm_count  # noqa: E402
 from kernels.matmul import BLOCK_K, CONFIGS, k_segments  # noqa: E402
 from kernels.partials import Partials  # noqa: E402
+from kernels_batch_split import SHAPES, layers  # noqa: E402
 from kernels_dense import gpu_us  # noqa: E402
 from md_table import markdown_table  # noqa: E402
 
-# hidden, q + k + v columns, o's K, intermediate, layers
-SHAPES = {"qwen3-0.6b": (1024, 4096, 2048, 3072, 28), "llama3-8b": (4096, 6144, 4096, 14336, 4)}
 BLOCK_M, BLOCK_N, WARPS, STAGES = CONFIGS["decode"][:4]
 # A grid barrier spins at most this many polls, so that programs that are not all resident end
 # with wrong sums (the bits column) instead of a hung GPU.
@@ -137,14 +136,6 @@ def _layer_kernel(
     if BARRIERS:
         _grid_barrier(counts_ptr, 2, MAX_POLLS)
     _phase(act_ptr, down_ptr, down_parts, M, H, I, S_D, T_D, I, 1, I, BLOCK_M, BLOCK_N, BLOCK_K)
-
-
-def layers(shape: str) -> list[dict]:
-    hidden, qkv, o_k, inter, count = SHAPES[shape]
-    def w(n, k):
-        return (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5).t()
-    return [dict(qkv=w(qkv, hidden), o=w(hidden, o_k), gate_up=w(2 * inter, hidden), down=w(hidden, inter))
-            for _ in range(count)]
 
 
 class Persistent:
@@ -249,7 +240,7 @@ def main() -> None:
     sms = sm_count(torch.device("cuda"))
     rows = []
     for shape in args.shapes.split(","):
-        weights = layers(shape)
+        weights = layers(shape)[0]
         hidden, _, o_k, inter, count = SHAPES[shape]
         inputs = {k: torch.randn(1, n, device="cuda", dtype=torch.bfloat16)
                   for k, n in (("x", hidden), ("attn", o_k), ("x2", hidden), ("act", inter))}
