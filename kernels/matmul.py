@@ -66,7 +66,6 @@ CONFIGS = {
     # segment); with one segment, the pointer kernel. Over a layer's four matmuls the fastest
     # of the sweep, 3-5% ahead of 4 warps (bench/results/kernels_decode_options.md).
     "decode": (DECODE_ROWS, 64, 8, 4, "split"),
-    "decode_split": (DECODE_ROWS, 64, 4, 6, "split"),
     # 9..16 rows: twice the programs, each with fewer warps and more loads in flight
     # (bench/results/kernels_batch_split.md).
     "decode16": (DECODE_ROWS, 32, 2, 8, "split"),
@@ -407,8 +406,6 @@ def _matmul_triton(a, b, bias, config=None, gated=False, unsummed=False):
         return c.copy_(bias.expand(M, N)) if bias is not None else c
     segments = k_segments(K, N, a.dtype)
     block_m, block_n, warps, stages, kernel = config or _config(M, N, K, a.dtype, device)
-    if config is None and (block_m, block_n, warps, stages, kernel) == CONFIGS["decode"] and segments[0] > 1:
-        block_m, block_n, warps, stages, kernel = CONFIGS["decode_split"]
     # Split: a program per (tile, K segment), summing into a [segments, M, N] workspace (PARTIAL in
     # _matmul_kernel). The tile's last program to finish adds the segments into c; or, unsummed,
     # nothing adds them and the product's reader does (matmul_partials): c is then not written.
