@@ -66,15 +66,21 @@ CONFIGS = {
     # segment); with one segment, the pointer kernel. Over a layer's four matmuls the fastest
     # of the sweep, 3-5% ahead of 4 warps (bench/results/kernels_decode_options.md).
     "decode": (DECODE_ROWS, 64, 8, 4, "split"),
+    # The same rows over small weights whose K splits (the 0.6B qkv, o and down projections):
+    # fewer warps, more loads in flight. One 0.6B request +1.8% on an H100, the GPU step 1,158 ->
+    # 1,138 us (bench/results/backend_decode_stages_ab.md). SiLU·up's fused matmul keeps "decode",
+    # 8.5 against 9.4 us at one row (_swiglu_config).
+    "decode_small": (DECODE_ROWS, 64, 4, 6, "split"),
     # 9..16 rows: twice the programs, each with fewer warps and more loads in flight
     # (bench/results/kernels_batch_split.md).
     "decode16": (DECODE_ROWS, 32, 2, 8, "split"),
 }
 _GROUP_M = 8
-# A decode matmul over at most this many weight bytes gains from launching while the kernel ahead
-# of it still runs (launches_early): on an H200, one 0.6B request (weights of 4-13 MB a matmul)
-# +5%, one 8B request (33-235 MB) -5% (bench/results/backend_early_launch_ab.md).
-_EARLY_MAX_BYTES = 16 << 20
+# Small decode weights: a decode matmul over at most this many bytes is latency-bound. It gains from
+# launching while the kernel ahead of it still runs (launches_early): on an H200, one 0.6B request
+# (weights of 4-13 MB a matmul) +5%, one 8B request (33-235 MB) -5% (bench/results/
+# backend_early_launch_ab.md). Where its K splits it runs the "decode_small" tile.
+_SMALL_WEIGHT_BYTES = 16 << 20
 # One 128x256 tile's time over two 128x128 tiles', H100 under sustained load (clocks held
 # down by the power cap, as in serving): 0.92-0.94 at K=4096/14336, N=4096/14336, M=2048-8192.
 _LARGE_TILE_TIME = 0.93
@@ -104,7 +110,10 @@ def _config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) ->
         # serving dtype: one config whose fp32 tiles fit in shared memory.
         return CONFIGS["medium"]
     if m <= DECODE_ROWS:
-        return CONFIGS["decode"] if m <= DECODE_ROWS // 2 else CONFIGS["decode16"]
+        if m > DECODE_ROWS // 2:
+            return CONFIGS["decode16"]
+        small = k * n * dtype.itemsize <= _SMALL_WEIGHT_BYTES and k_segments(k, n, dtype)[0] > 1
+        return CONFIGS["decode_small"] if small else CONFIGS["decode"]
     sms = sm_count(device)
     fill = 0.8 * sms
     if m <= 64:
@@ -432,6 +441,8 @@ def _swiglu_config(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, int
     if not a.is_cuda:
         return None
     config = _config(a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device)
+    if config is CONFIGS["decode_small"]:   # its epilogue runs faster on 8 warps (CONFIGS)
+        config = CONFIGS["decode"]
     return config if config[4] == "split" and (b.shape[1] // 2) % (config[1] // 2) == 0 else None
 
 
@@ -455,7 +466,7 @@ def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def launches_early(b: torch.Tensor) -> bool:
     """Whether the kernel ahead of a decode matmul over weights b should let it launch at that
     kernel's top (the `early` of rms_norm_residual and paged_attention)."""
-    return b.numel() * b.element_size() <= _EARLY_MAX_BYTES
+    return b.numel() * b.element_size() <= _SMALL_WEIGHT_BYTES
 
 
 def matmul_partials(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | Partials:

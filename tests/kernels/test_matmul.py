@@ -103,6 +103,17 @@ def test_segments_depend_on_k_and_n_only():
     assert k_segments(0, 64, torch.bfloat16)[0] == 0 and k_segments(64, 0, torch.bfloat16)[0] == 1   # empty
 
 
+def test_decode_tile_follows_the_weights():
+    # Decode rows pick their tile by the weights alone (no GPU is asked): small weights whose K
+    # splits take the tile with more loads in flight; large ones, and one-segment products, the other.
+    config, cuda, bf16 = matmul_module._config, torch.device("cuda"), torch.bfloat16
+    for K, N in ((1024, 4096), (2048, 1024), (3072, 1024)):   # the 0.6B qkv, o and down projections
+        assert config(1, N, K, bf16, cuda) == config(8, N, K, bf16, cuda) == CONFIGS["decode_small"]
+    for K, N in ((1024, 151936), (4096, 6144), (14336, 4096)):   # the 0.6B LM head; the 8B qkv and down
+        assert config(1, N, K, bf16, cuda) == CONFIGS["decode"]
+    assert config(16, 4096, 1024, bf16, cuda) == CONFIGS["decode16"]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_bias", (False, True))
 @pytest.mark.parametrize("K,N", SHAPES[:2])
