@@ -41,10 +41,10 @@ SHAPES = {"qwen3-0.6b": (1024, 4096, 2048, 3072, 28), "llama3-8b": (4096, 6144, 
 ROWS = (8, 16, 17, 32, 64, 128, 256)
 
 
-def dispatch_before(m, n, k, dtype, device):
+def dispatch_before(m, n, k, dtype, device, segments):
     """The dispatch before: the 16x64 decode tile up to 16 rows, and where the shipped one now splits a
     batch, 64x32 pointer tiles, each program summing every segment."""
-    config = SHIPPED(m, n, k, dtype, device)
+    config = SHIPPED(m, n, k, dtype, device, segments)
     if m <= DECODE_ROWS:
         return matmul_module.CONFIGS["decode"]
     return config if config[4] != "split" else (64, 32, 4, 8, "pointer")
@@ -91,7 +91,8 @@ def main() -> None:
                     us[name] = gpu_us(lambda: step(weights, x, attn)) / len(weights)
                 finally:
                     matmul_module._config = SHIPPED
-            tiles = sorted({SHIPPED(m, n, k, torch.bfloat16, x.device)[:2]
+            segments = matmul_module.k_segments
+            tiles = sorted({SHIPPED(m, n, k, torch.bfloat16, x.device, segments(k, n, torch.bfloat16)[0])[:2]
                             for n, k in ((w.shape[1], w.shape[0]) for w in weights[0].values())})
             rows.append({"shape": shape, "rows": m, "shipped tiles (M x N)": " ".join(f"{a}x{b}" for a, b in tiles),
                          "before us a layer": round(us["before"], 2), "shipped us a layer": round(us["shipped"], 2),

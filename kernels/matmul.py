@@ -101,9 +101,10 @@ def _segments(k: int, n: int, block_k: int, programs: int, block_n: int, min_ste
     return cdiv(steps, per), per
 
 
-def _config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int, str]:
+def _config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
+            segments: int) -> tuple[int, int, int, int, str]:
     """Pick tiles that give every SM work; decode wants many thin N tiles, and a
-    program per K segment where N alone gives too few."""
+    program per K segment (k_segments: `segments` of them) where N alone gives too few."""
     if device.type != "cuda" or dtype == torch.float32:
         # The interpreter's dot is a numpy BLAS call whose rounding depends on
         # the block shape, so there one shape serves every M. fp32 is not a
@@ -112,14 +113,14 @@ def _config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) ->
     if m <= DECODE_ROWS:
         if m > DECODE_ROWS // 2:
             return CONFIGS["decode16"]
-        small = k * n * dtype.itemsize <= _SMALL_WEIGHT_BYTES and k_segments(k, n, dtype)[0] > 1
+        small = segments > 1 and k * n * dtype.itemsize <= _SMALL_WEIGHT_BYTES
         return CONFIGS["decode_small"] if small else CONFIGS["decode"]
     sms = sm_count(device)
     fill = 0.8 * sms
     if m <= 64:
         if cdiv(n, 128) >= fill:
             return CONFIGS["medium"]
-        return _batch_split(m, n, k, dtype, fill)
+        return _batch_split(m, n, segments, fill)
     large, wide = cdiv(m, 128) * cdiv(n, 256), cdiv(m, 128) * cdiv(n, 128)
     if large >= fill:
         # Waves of one tile per SM: a 128x256 tile does two 128x128 tiles' work in
@@ -131,13 +132,12 @@ def _config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) ->
     if wide >= fill:
         return CONFIGS["wide"]
     if m <= 128:
-        return _batch_split(m, n, k, dtype, fill)
+        return _batch_split(m, n, segments, fill)
     return CONFIGS["medium"]
 
 
-def _batch_split(m: int, n: int, k: int, dtype: torch.dtype, fill: float) -> tuple[int, int, int, int, str]:
+def _batch_split(m: int, n: int, segments: int, fill: float) -> tuple[int, int, int, int, str]:
     """The widest split tile whose programs, a (tile, K segment) each, reach `fill`; else the narrowest."""
-    segments = k_segments(k, n, dtype)[0]
     for name in ("split128", "split64"):
         block_m, block_n = CONFIGS[name][:2]
         if cdiv(m, block_m) * cdiv(n, block_n) * segments >= fill:
@@ -414,7 +414,7 @@ def _matmul_triton(a, b, bias, config=None, gated=False, unsummed=False):
         c = torch.zeros(c_shape, dtype=a.dtype, device=device)
         return c.copy_(bias.expand(M, N)) if bias is not None else c
     segments = k_segments(K, N, a.dtype)
-    block_m, block_n, warps, stages, kernel = config or _config(M, N, K, a.dtype, device)
+    block_m, block_n, warps, stages, kernel = config or _config(M, N, K, a.dtype, device, segments[0])
     # Split: a program per (tile, K segment), summing into a [segments, M, N] workspace (PARTIAL in
     # _matmul_kernel). The tile's last program to finish adds the segments into c; or, unsummed,
     # nothing adds them and the product's reader does (matmul_partials): c is then not written.
@@ -440,7 +440,8 @@ def _swiglu_config(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, int
     the vendor-speed TMA kernel and a SiLU·up launch."""
     if not a.is_cuda:
         return None
-    config = _config(a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device)
+    (m, k), n = a.shape, b.shape[1]
+    config = _config(m, n, k, a.dtype, a.device, k_segments(k, n, a.dtype)[0])
     if config is CONFIGS["decode_small"]:   # its epilogue runs faster on 8 warps (CONFIGS)
         config = CONFIGS["decode"]
     return config if config[4] == "split" and (b.shape[1] // 2) % (config[1] // 2) == 0 else None

@@ -106,12 +106,13 @@ def test_segments_depend_on_k_and_n_only():
 def test_decode_tile_follows_the_weights():
     # Decode rows pick their tile by the weights alone (no GPU is asked): small weights whose K
     # splits take the tile with more loads in flight; large ones, and one-segment products, the other.
-    config, cuda, bf16 = matmul_module._config, torch.device("cuda"), torch.bfloat16
+    def config(m, K, N):
+        return matmul_module._config(m, N, K, torch.bfloat16, torch.device("cuda"), k_segments(K, N, torch.bfloat16)[0])
     for K, N in ((1024, 4096), (2048, 1024), (3072, 1024)):   # the 0.6B qkv, o and down projections
-        assert config(1, N, K, bf16, cuda) == config(8, N, K, bf16, cuda) == CONFIGS["decode_small"]
+        assert config(1, K, N) == config(8, K, N) == CONFIGS["decode_small"]
     for K, N in ((1024, 151936), (4096, 6144), (14336, 4096)):   # the 0.6B LM head; the 8B qkv and down
-        assert config(1, N, K, bf16, cuda) == CONFIGS["decode"]
-    assert config(16, 4096, 1024, bf16, cuda) == CONFIGS["decode16"]
+        assert config(1, K, N) == CONFIGS["decode"]
+    assert config(16, 1024, 4096) == CONFIGS["decode16"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
