@@ -41,10 +41,10 @@ SHAPES = {"qwen3-0.6b": (1024, 4096, 2048, 3072, 28), "llama3-8b": (4096, 6144, 
 ROWS = (8, 16, 17, 32, 64, 128, 256)
 
 
-def dispatch_before(m, n, k, dtype, device, segments):
+def dispatch_before(m, n, k, dtype, device, segments, gated=False):
     """The dispatch before: the 16x64 decode tile up to 16 rows, and where the shipped one now splits a
     batch, 64x32 pointer tiles, each program summing every segment."""
-    config = SHIPPED(m, n, k, dtype, device, segments)
+    config = SHIPPED(m, n, k, dtype, device, segments, gated)
     if m <= DECODE_ROWS:
         return matmul_module.CONFIGS["decode"]
     return config if config[4] != "split" else (64, 32, 4, 8, "pointer")

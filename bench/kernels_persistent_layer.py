@@ -111,6 +111,17 @@ def _grid_barrier(counts_ptr, index: tl.constexpr, MAX_POLLS: tl.constexpr):
 
 
 @triton.jit
+def _between(next_b, next_n, next_segments, next_steps, next_k, counts_ptr, index: tl.constexpr,
+             BARRIERS: tl.constexpr, PREFETCH: tl.constexpr, MAX_POLLS: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Between two phases: the next one's weight lines asked of L2 (PREFETCH), then the grid barrier."""
+    if PREFETCH:
+        _prefetch(next_b, next_n, next_segments, next_steps, next_k, 8, BLOCK_N, BLOCK_K)
+    if BARRIERS:
+        _grid_barrier(counts_ptr, index, MAX_POLLS)
+
+
+@triton.jit
 def _layer_kernel(
     x_ptr, qkv_ptr, attn_ptr, o_ptr, x2_ptr, gate_up_ptr, act_ptr, down_ptr,
     qkv_parts, o_parts, gate_up_parts, down_parts, counts_ptr,
@@ -121,20 +132,11 @@ def _layer_kernel(
 ):
     # B operands are transposed [N, K] weights: stride_bk 1, stride_bn K.
     _phase(x_ptr, qkv_ptr, qkv_parts, M, QKV, H, S_QKV, T_QKV, H, 1, H, BLOCK_M, BLOCK_N, BLOCK_K)
-    if PREFETCH:
-        _prefetch(o_ptr, H, S_O, T_O, O_K, 8, BLOCK_N, BLOCK_K)
-    if BARRIERS:
-        _grid_barrier(counts_ptr, 0, MAX_POLLS)
+    _between(o_ptr, H, S_O, T_O, O_K, counts_ptr, 0, BARRIERS, PREFETCH, MAX_POLLS, BLOCK_N, BLOCK_K)
     _phase(attn_ptr, o_ptr, o_parts, M, H, O_K, S_O, T_O, O_K, 1, O_K, BLOCK_M, BLOCK_N, BLOCK_K)
-    if PREFETCH:
-        _prefetch(gate_up_ptr, GU, S_GU, T_GU, H, 8, BLOCK_N, BLOCK_K)
-    if BARRIERS:
-        _grid_barrier(counts_ptr, 1, MAX_POLLS)
+    _between(gate_up_ptr, GU, S_GU, T_GU, H, counts_ptr, 1, BARRIERS, PREFETCH, MAX_POLLS, BLOCK_N, BLOCK_K)
     _phase(x2_ptr, gate_up_ptr, gate_up_parts, M, GU, H, S_GU, T_GU, H, 1, H, BLOCK_M, BLOCK_N, BLOCK_K)
-    if PREFETCH:
-        _prefetch(down_ptr, H, S_D, T_D, I, 8, BLOCK_N, BLOCK_K)
-    if BARRIERS:
-        _grid_barrier(counts_ptr, 2, MAX_POLLS)
+    _between(down_ptr, H, S_D, T_D, I, counts_ptr, 2, BARRIERS, PREFETCH, MAX_POLLS, BLOCK_N, BLOCK_K)
     _phase(act_ptr, down_ptr, down_parts, M, H, I, S_D, T_D, I, 1, I, BLOCK_M, BLOCK_N, BLOCK_K)
 
 

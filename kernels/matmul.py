@@ -68,8 +68,8 @@ CONFIGS = {
     "decode": (DECODE_ROWS, 64, 8, 4, "split"),
     # The same rows over small weights whose K splits (the 0.6B qkv, o and down projections):
     # fewer warps, more loads in flight. One 0.6B request +1.8% on an H100, the GPU step 1,158 ->
-    # 1,138 us (bench/results/backend_decode_stages_ab.md). SiLU·up's fused matmul keeps "decode",
-    # 8.5 against 9.4 us at one row (_swiglu_config).
+    # 1,138 us (bench/results/backend_decode_stages_ab.md). SiLU·up's fused (gated) matmul keeps
+    # "decode": 8.5 against 9.4 us at one row.
     "decode_small": (DECODE_ROWS, 64, 4, 6, "split"),
     # 9..16 rows: twice the programs, each with fewer warps and more loads in flight
     # (bench/results/kernels_batch_split.md).
@@ -101,10 +101,11 @@ def _segments(k: int, n: int, block_k: int, programs: int, block_n: int, min_ste
     return cdiv(steps, per), per
 
 
-def _config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
-            segments: int) -> tuple[int, int, int, int, str]:
+def _config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, segments: int,
+            gated: bool = False) -> tuple[int, int, int, int, str]:
     """Pick tiles that give every SM work; decode wants many thin N tiles, and a
-    program per K segment (k_segments: `segments` of them) where N alone gives too few."""
+    program per K segment (k_segments: `segments` of them) where N alone gives too few.
+    gated: swiglu's product, whose SiLU·up epilogue runs in the last program."""
     if device.type != "cuda" or dtype == torch.float32:
         # The interpreter's dot is a numpy BLAS call whose rounding depends on
         # the block shape, so there one shape serves every M. fp32 is not a
@@ -113,7 +114,7 @@ def _config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
     if m <= DECODE_ROWS:
         if m > DECODE_ROWS // 2:
             return CONFIGS["decode16"]
-        small = segments > 1 and k * n * dtype.itemsize <= _SMALL_WEIGHT_BYTES
+        small = not gated and segments > 1 and _small_weights(k, n, dtype)
         return CONFIGS["decode_small"] if small else CONFIGS["decode"]
     sms = sm_count(device)
     fill = 0.8 * sms
@@ -441,10 +442,8 @@ def _swiglu_config(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, int
     if not a.is_cuda:
         return None
     (m, k), n = a.shape, b.shape[1]
-    config = _config(m, n, k, a.dtype, a.device, k_segments(k, n, a.dtype)[0])
-    if config is CONFIGS["decode_small"]:   # its epilogue runs faster on 8 warps (CONFIGS)
-        config = CONFIGS["decode"]
-    return config if config[4] == "split" and (b.shape[1] // 2) % (config[1] // 2) == 0 else None
+    config = _config(m, n, k, a.dtype, a.device, k_segments(k, n, a.dtype)[0], gated=True)
+    return config if config[4] == "split" and (n // 2) % (config[1] // 2) == 0 else None
 
 
 def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -467,7 +466,11 @@ def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def launches_early(b: torch.Tensor) -> bool:
     """Whether the kernel ahead of a decode matmul over weights b should let it launch at that
     kernel's top (the `early` of rms_norm_residual and paged_attention)."""
-    return b.numel() * b.element_size() <= _SMALL_WEIGHT_BYTES
+    return _small_weights(*b.shape, b.dtype)
+
+
+def _small_weights(k: int, n: int, dtype: torch.dtype) -> bool:
+    return k * n * dtype.itemsize <= _SMALL_WEIGHT_BYTES
 
 
 def matmul_partials(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | Partials:

@@ -105,13 +105,16 @@ def test_segments_depend_on_k_and_n_only():
 
 def test_decode_tile_follows_the_weights():
     # Decode rows pick their tile by the weights alone (no GPU is asked): small weights whose K
-    # splits take the tile with more loads in flight; large ones, and one-segment products, the other.
-    def config(m, K, N):
-        return matmul_module._config(m, N, K, torch.bfloat16, torch.device("cuda"), k_segments(K, N, torch.bfloat16)[0])
+    # splits take the tile with more loads in flight; large ones, one-segment products and SiLU·up's
+    # fused product, the other.
+    def config(m, K, N, gated=False):
+        segments = k_segments(K, N, torch.bfloat16)[0]
+        return matmul_module._config(m, N, K, torch.bfloat16, torch.device("cuda"), segments, gated)
     for K, N in ((1024, 4096), (2048, 1024), (3072, 1024)):   # the 0.6B qkv, o and down projections
         assert config(1, K, N) == config(8, K, N) == CONFIGS["decode_small"]
     for K, N in ((1024, 151936), (4096, 6144), (14336, 4096)):   # the 0.6B LM head; the 8B qkv and down
         assert config(1, K, N) == CONFIGS["decode"]
+    assert config(1, 1024, 6144, gated=True) == CONFIGS["decode"]   # the 0.6B gate_up
     assert config(16, 1024, 4096) == CONFIGS["decode16"]
 
 
