@@ -27,7 +27,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     p.add_argument("--chunk-size", type=int, default=512, help="prefill chunk, a multiple of --block-size")
     p.add_argument("--max-batched-tokens", type=int, default=4096, help="tokens per engine step")
-    p.add_argument("--max-model-len", type=int, default=4096, help="prompt plus completion, in tokens")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="prompt plus completion, in tokens (default: the checkpoint's max_position_embeddings)")
     p.add_argument("--gpu-memory-fraction", type=float, default=0.85)
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
     p.add_argument("--audit-rate", type=float, default=0.0,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import xxhash
 
-from local_backend import rope
+from local_backend import config_fields, rope
 from local_backend.errors import CheckpointError
 from local_backend.generation_config import GenerationConfig, token_ids
 
@@ -37,7 +37,7 @@ class ModelConfig:
     rope: rope.Rope
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool   # bias on q/k/v projections (Qwen2 always, Llama when configured)
+    attention_bias: bool   # bias on q/k/v projections (Qwen2)
     qk_norm: bool          # per-head RMSNorm on q and k before RoPE (Qwen3)
     eos_token_ids: tuple[int, ...]
     dtype: str | None      # the dtype the checkpoint says it was saved in (`dtype`, formerly `torch_dtype`)
@@ -67,6 +67,9 @@ class ModelConfig:
         if not known:
             raise CheckpointError(f"{file}: architectures {archs} unsupported; supported: {sorted(ARCHITECTURES)}")
         arch = known[0]
+        unimplemented = config_fields.problems(arch, raw)
+        if unimplemented:
+            raise CheckpointError(f"{file}: " + "; ".join(unimplemented))
         heads = need("num_attention_heads")
         kv_heads = raw.get("num_key_value_heads") or heads
         if heads % kv_heads:
@@ -97,7 +100,7 @@ class ModelConfig:
             rope=rope_settings,
             max_position_embeddings=raw.get("max_position_embeddings", 4096),
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
-            attention_bias=arch == "qwen2" or raw.get("attention_bias", False),
+            attention_bias=arch == "qwen2",   # Llama's and Qwen3's attention_bias is refused (config_fields)
             qk_norm=arch == "qwen3",
             eos_token_ids=eos,
             dtype=dtype,
@@ -126,7 +129,7 @@ class EngineConfig:
     block_size: int = 16
     chunk_size: int = 512          # prefill chunk per sequence; boundaries at multiples of it
     max_batched_tokens: int = 4096  # token budget of one engine step
-    max_model_len: int = 4096
+    max_model_len: int | None = None   # None: the checkpoint's own context (max_position_embeddings)
     cuda_graphs: bool = True
     prefix_caching: bool | None = None   # None: on with a GPU; off on the CPU (see Engine)
     gpu_memory_fraction: float = 0.85

@@ -45,18 +45,46 @@ def read_tensors(path: Path, device: str, dtype: torch.dtype) -> tuple[dict[str,
     the file each came from."""
     files = shard_files(path)
     digest = xxhash.xxh3_128()
-    handles = [(f.name, safe_open(str(f), framework="pt")) for f in files]
+    handles = [(f.name, _open(f)) for f in files]
     keys = [(name, h, k) for name, h in handles for k in h.keys()]
     tensors, origin = {}, {}
     for name, handle, key in tqdm(sorted(keys, key=lambda nhk: nhk[2]), desc=f"loading {path.name}", unit="tensor"):
         if key in origin:
             raise CheckpointError(f"{path}: tensor {key} is in both {origin[key]} and {name}")
-        t = handle.get_tensor(key)
+        try:
+            t = handle.get_tensor(key)
+        except Exception as e:   # safetensors raises its own error types, and torch others for a bad dtype
+            raise CheckpointError(f"{path / name}: tensor {key} cannot be read ({e})") from None
         digest.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.contiguous().view(torch.uint8).numpy().data)
         tensors[key] = t.to(device=device, dtype=dtype)
         origin[key] = name
     return tensors, digest.hexdigest(), origin
+
+
+def _open(file: Path):
+    """A safetensors file opened for reading, or an error naming it (a truncated download, a
+    file that is not safetensors)."""
+    try:
+        return safe_open(str(file), framework="pt")
+    except Exception as e:   # safetensors' SafetensorError, an OSError, ...
+        raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from None
+
+
+# Tensors a checkpoint may hold that are derived from config.json and that transformers
+# ignores on load too: old Llama checkpoints saved RoPE's inverse frequencies.
+DERIVED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def refuse_unused(t: dict[str, torch.Tensor], origin: dict[str, str]) -> None:
+    """Every tensor of a checkpoint is either used or the checkpoint is refused: a tensor left
+    over is a part of the model (a bias, a quantization scale, a layer past num_hidden_layers)
+    this engine would silently run without."""
+    unused = sorted(k for k in t if not k.endswith(DERIVED_SUFFIXES))
+    if unused:
+        shown = ", ".join(f"{k} ({origin[k]})" for k in unused[:8])
+        more = f" and {len(unused) - 8} more" if len(unused) > 8 else ""
+        raise CheckpointError(f"{len(unused)} tensor(s) this engine does not implement: {shown}{more}")
 
 
 def matmul_operand(w: torch.Tensor) -> torch.Tensor:
@@ -107,13 +135,16 @@ def build_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], origin: dict[str
     embed = take("model.embed_tokens.weight", (vocab, h), "vocab_size, hidden_size")
     if cfg.tie_word_embeddings:
         head = embed   # transformers ties them too, whatever lm_head.weight a checkpoint also holds
+        t.pop("lm_head.weight", None)
     elif "lm_head.weight" in t:
         head = take("lm_head.weight", (vocab, h), "vocab_size, hidden_size")
     else:
         raise CheckpointError(f"config.json: tie_word_embeddings is false, but lm_head.weight is in none of "
                               f"{', '.join(files)}")
-    return Weights(embed=embed, layers=layers, norm=take("model.norm.weight", (h,), "hidden_size"),
-                   lm_head=matmul_operand(head))
+    weights = Weights(embed=embed, layers=layers, norm=take("model.norm.weight", (h,), "hidden_size"),
+                      lm_head=matmul_operand(head))
+    refuse_unused(t, origin)
+    return weights
 
 
 def load_weights(path: str | Path, cfg: ModelConfig, device: str, dtype: torch.dtype) -> tuple[Weights, str]:

@@ -87,8 +87,9 @@ def fingerprint(weights_digest: str, settings_digest: str, mode: str, dtype: tor
     return "fp_" + hashlib.blake2b(parts.encode(), digest_size=8).hexdigest()
 
 
-def kv_block_count(config: EngineConfig, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> int:
-    per_seq = -(-config.max_model_len // config.block_size)
+def kv_block_count(config: EngineConfig, cfg: ModelConfig, max_model_len: int, device: torch.device,
+                   dtype: torch.dtype) -> int:
+    per_seq = -(-max_model_len // config.block_size)
     if config.kv_blocks:
         return config.kv_blocks
     if device.type != "cuda":
@@ -96,6 +97,18 @@ def kv_block_count(config: EngineConfig, cfg: ModelConfig, device: torch.device,
     block_bytes = 2 * cfg.num_layers * config.block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
     free, _ = torch.cuda.mem_get_info(device)
     return max(per_seq, int((free * config.gpu_memory_fraction - ACTIVATION_RESERVE_BYTES) // block_bytes))
+
+
+def serving_length(config: EngineConfig, cfg: ModelConfig) -> int:
+    """The context served: the checkpoint's own unless asked for less; more is refused, since
+    positions past what the model was trained on give text no error would flag."""
+    if config.max_model_len is None:
+        return cfg.max_position_embeddings
+    if config.max_model_len > cfg.max_position_embeddings:
+        raise CheckpointError(f"{Path(config.model) / 'config.json'}: max_position_embeddings is "
+                              f"{cfg.max_position_embeddings}, less than the --max-model-len {config.max_model_len} "
+                              f"asked for")
+    return config.max_model_len
 
 
 class Engine:
@@ -123,13 +136,13 @@ class Engine:
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
-        self.max_model_len = min(config.max_model_len, cfg.max_position_embeddings)
+        self.max_model_len = serving_length(config, cfg)
         weights, digest = load_weights(config.model, cfg, str(self.device), self.dtype)
         self.toolchain = kernels.toolchain(self.device)
         self.fingerprint = fingerprint(digest, settings_digest(config.model), config.mode, self.dtype,
                                        device_arch(self.device), self.toolchain, config.chunk_size)
         model = Llama(cfg, weights, self.max_model_len)
-        self.num_blocks = kv_block_count(config, cfg, self.device, self.dtype)
+        self.num_blocks = kv_block_count(config, cfg, self.max_model_len, self.device, self.dtype)
         self.runner = ModelRunner(model, self.num_blocks, config.block_size, self.max_model_len,
                                   config.max_batch, config.max_batched_tokens, config.chunk_size, config.cuda_graphs)
         self.blocks = BlockManager(self.num_blocks, config.block_size)

@@ -89,7 +89,7 @@ def checkpoints(tmp_path_factory) -> dict:
 
 
 def make_engine(path, **overrides) -> Engine:
-    config = EngineConfig(model=str(path), device="cpu", max_model_len=256, **overrides)
+    config = EngineConfig(model=str(path), device="cpu", **{"max_model_len": 256, **overrides})
     return Engine(config)
 
 

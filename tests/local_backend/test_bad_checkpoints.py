@@ -137,3 +137,65 @@ def test_any_gqa_group_decodes_like_the_reference_on_the_cpu(tmp_path):
     prompt = engine.tokenizer.encode("The quick brown fox jumps", add_special_tokens=True)
     expected, _ = ReferenceModel(path).greedy(prompt, 8)
     assert engine.greedy(prompt, 8) == expected
+
+
+@pytest.mark.parametrize("arch, fields, message", [
+    ("llama", {"mlp_bias": True}, "mlp_bias: True is not implemented"),
+    ("llama", {"attention_bias": True}, "attention_bias: True is not implemented"),
+    ("qwen3", {"hidden_act": "gelu_pytorch_tanh"}, "hidden_act: 'gelu_pytorch_tanh' is not implemented"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 64}, "use_sliding_window: true is not implemented"),
+    ("qwen3", {"layer_types": ["sliding_attention", "full_attention"]}, "layer_types: .* is not implemented"),
+    ("qwen3", {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
+     "quantization_config: quantized checkpoints"),
+    ("llama", {"logit_softcapping": 30.0}, "logit_softcapping: unknown to this engine"),
+])
+def test_config_fields_the_engine_does_not_implement_are_refused_by_name(copy, arch, fields, message):
+    path = copy(arch)
+    edit_json(path / "config.json", **fields)
+    with pytest.raises(CheckpointError, match=message) as e:
+        make_engine(path)
+    assert str(path / "config.json") in str(e.value)
+
+
+def test_fields_at_the_values_the_engine_implements_pass(copy):
+    path = copy("qwen2")
+    edit_json(path / "config.json", use_sliding_window=False, sliding_window=4096, max_window_layers=1,
+              layer_types=["full_attention", "full_attention"], hidden_act="silu", initializer_range=0.02)
+    assert make_engine(path).model_config.arch == "qwen2"
+
+
+def test_a_tensor_the_engine_would_not_use_is_refused(copy):
+    """A bias an engine without it never reads, an fp8 scale, a layer past num_hidden_layers."""
+    path = copy("qwen3")
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["model.layers.0.mlp.down_proj.bias"] = torch.zeros(64)
+    tensors["model.layers.0.mlp.down_proj.weight_scale_inv"] = torch.ones(1)
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"2 tensor\(s\) this engine does not implement: "
+                                              r"model.layers.0.mlp.down_proj.bias \(model.safetensors\)"):
+        make_engine(path)
+
+
+def test_rope_inverse_frequencies_of_old_checkpoints_are_derived_and_pass(copy):
+    path = copy("qwen3")
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(tensors, str(path / "model.safetensors"))
+    make_engine(path)
+
+
+def test_a_truncated_safetensors_file_is_named(copy):
+    path = copy("qwen2")
+    file = path / "model.safetensors"
+    file.write_bytes(file.read_bytes()[:-1000])
+    with pytest.raises(CheckpointError, match=r"model.safetensors: not a readable safetensors file") as e:
+        make_engine(path)
+    assert str(file) in str(e.value)
+
+
+def test_the_served_context_defaults_to_the_checkpoints_and_more_is_refused(copy):
+    path = copy("qwen3")
+    edit_json(path / "config.json", max_position_embeddings=512)
+    assert make_engine(path, max_model_len=None).max_model_len == 512
+    with pytest.raises(CheckpointError, match="max_position_embeddings is 512, less than the --max-model-len 1024"):
+        make_engine(path, max_model_len=1024)
