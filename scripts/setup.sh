@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine: a real redis-server and
-# prometheus (the cache and dashboard tests run against real servers), then, in the
+# prometheus (the cache and dashboard tests run against real servers), npm and faketime (the
+# agent tests), then, in the
 # virtualenv $VENV (scripts/venv.sh), CPU torch for the backend and kernel tests and the
 # package itself with its extras.
 set -euo pipefail
@@ -8,6 +9,9 @@ VENV=${VENV:-.venv}
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v prometheus >/dev/null || need+=(prometheus)
+# The agent tests: npm installs the real Claude Code and Codex CLIs; faketime moves Claude Code a day.
+command -v npm >/dev/null || need+=(nodejs npm)
+command -v faketime >/dev/null || need+=(faketime)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -q
