@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.apis import SURFACES
-from gateway.cache.chains import Chains
+from gateway.cache.owners import Owners
 from gateway.cache.entry import Sealer
 from gateway.cache.memory_store import MemoryStore
 from gateway.cache.near_cache import NearCache
@@ -135,7 +135,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     if settings.rate_limits:
         limiter = TenantLimiter(settings, redis_client, lambda exc: metrics.cache_errors.labels("ratelimit").inc())
     client = UpstreamClient(session, metrics, Resilience(settings, metrics))
-    app[GATEWAY] = Gateway(store, flights, Chains(flights, app[SECRET]), client, limiter)
+    app[GATEWAY] = Gateway(store, flights, Owners(flights, app[SECRET]), client, limiter)
     log.info("detgate ready: %d upstream(s) %s, store %s", len(settings.upstreams),
              ", ".join(f"{u.name}={u.url}" for u in settings.upstreams), "redis" if settings.redis_url else "in-process")
     try:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gateway.cache.chains import Chains
+from gateway.cache.owners import Owners
 from gateway.cache.singleflight import SingleFlight
 from gateway.cache.store import Store
 from gateway.config import Settings
@@ -23,7 +23,7 @@ class Gateway:
 
     store: Store
     flights: SingleFlight
-    chains: Chains
+    owners: Owners  # the ids of upstream state each tenant was served or made
     client: UpstreamClient
     limiter: TenantLimiter | None = None  # per-tenant rate limits, when configured
 

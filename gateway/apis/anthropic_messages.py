@@ -327,11 +327,28 @@ class AnthropicMessages(Surface):
     request = _REQUEST
     fields = _BODY
     unkeyed = _UNKEYED
+    # The Message echoes no request field (its usage.service_tier reports the tier that
+    # answered, in words of its own), so nothing is rewritten per reader; a container it
+    # names is recorded for the tenant it is served to.
+    names_state = True
 
     def uncached(self, body: dict) -> str | None:
         if body.get("container") is not None:
             return "a container holds upstream state (files a tool made) that no key can name"
         return None
+
+    def state_ids(self, body: dict) -> list[tuple[str, str]]:
+        container = body.get("container")
+        found: list[tuple[str, Any]] = [("container", as_dict(container).get("id") if isinstance(container, dict)
+                                         else container)]
+        for i, message in enumerate(map(as_dict, as_list(body.get("messages")))):
+            for j, block in enumerate(map(as_dict, as_list(message.get("content")))):
+                source = as_dict(block.get("source"))
+                if source.get("type") == "file":
+                    found.append((f"messages[{i}].content[{j}].source.file_id", source.get("file_id")))
+                if block.get("type") == "container_upload":
+                    found.append((f"messages[{i}].content[{j}].file_id", block.get("file_id")))
+        return [(param, named) for param, named in found if isinstance(named, str) and named]
 
     def refuses(self, body: dict) -> frozenset[str]:
         # Thinking takes temperature 1 only (sent as none), top_p from 0.95 (none means 1), no top_k.
@@ -382,6 +399,13 @@ class AnthropicMessages(Surface):
 
     def stream_end(self, entry: Entry, view: View) -> bytes:
         return STOP_FRAME
+
+    def named_ids(self, body: bytes) -> list[str]:
+        try:
+            container = as_dict(as_dict(orjson.loads(body)).get("container")).get("id")
+        except orjson.JSONDecodeError:
+            return []
+        return [container] if isinstance(container, str) and container else []
 
     def answer_parts(self, parsed: dict) -> list:
         blocks = [{k: v for k, v in as_dict(b).items() if k not in ("id", "signature")}

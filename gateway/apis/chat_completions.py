@@ -121,6 +121,14 @@ class ChatCompletions(choices.ChoicesSurface):
     checks_schemas = True
     request = _REQUEST
     fields = _FIELDS
+    # The completion repeats the tier asked for (or the one that answered): each reader sees its own.
+    echoed = {"service_tier": "default"}
+
+    def state_ids(self, body: dict) -> list[tuple[str, str]]:
+        return [(f"messages[{i}].content[{j}].file.file_id", part["file"]["file_id"])
+                for i, message in enumerate(map(as_dict, as_list(body.get("messages"))))
+                for j, part in enumerate(map(as_dict, as_list(message.get("content"))))
+                if part.get("type") == "file" and isinstance(as_dict(part.get("file")).get("file_id"), str)]
 
     def message_count(self, body: dict) -> int:
         return len(body.get("messages") or ())

@@ -222,7 +222,7 @@ class ChoicesSurface(Surface):
     def view(self, body: dict) -> View:
         options = body.get("stream_options")
         return View(stream=body.get("stream") is True,
-                    usage=isinstance(options, dict) and options.get("include_usage") is True)
+                    usage=isinstance(options, dict) and options.get("include_usage") is True, echo=self.echo_of(body))
 
     def upstream_body(self, sent: dict, stream: bool) -> dict:
         out = {k: v for k, v in sent.items() if k not in ("stream", "stream_options")}
@@ -234,11 +234,11 @@ class ChoicesSurface(Surface):
 
     def render(self, entry: Entry, view: View) -> bytes:
         if not view.stream or entry.stream is None:
-            return entry.body
-        return entry.stream + self.stream_end(entry, view)
+            return self.echo_body(entry.body, view)
+        return self.echo_stream(entry.stream, view) + self.stream_end(entry, view)
 
     def stream_end(self, entry: Entry, view: View) -> bytes:
-        return (entry.tail or b"") + DONE if view.usage else DONE
+        return self.echo_frame(entry.tail or b"", view) + DONE if view.usage else DONE
 
     def fingerprint(self, body: bytes) -> str | None:
         parsed = orjson.loads(body)

@@ -17,7 +17,14 @@ Shapes unified: a content list of one plain `input_text` part is its text, and a
 State the upstream keeps: `previous_response_id` continues an answer, which the core
 resolves through the ids it served (`parent_id` / `answer_id`). `conversation` changes
 with every turn and `background` answers later, so both pass through uncached, as does a
-`prompt` template without a pinned `version` (its latest version can change).
+`prompt` template without a pinned `version` (its latest version can change). Every id of
+upstream state a request names (`state_ids`: a conversation, item references, files,
+vector stores, containers) must be one its tenant was served or made (`named_ids`: a
+response's output items and conversation), and a `store: false` answer, whose id names
+nothing upstream, is kept apart from `store: true` ones (`apart`).
+
+The response object echoes `metadata`, `user`, `safety_identifier`, `prompt_cache_key`,
+`prompt_cache_retention`, `store` and `service_tier`: each reader is shown its own.
 """
 from __future__ import annotations
 
@@ -212,17 +219,18 @@ class Responses(Surface):
     sampling = frozenset({"temperature", "top_p"})
     checks_schemas = True
     chains = True
+    names_state = True
     request = _REQUEST
     fields = _FIELDS
+    echoed = {"metadata": {}, "user": None, "safety_identifier": None, "prompt_cache_key": None,
+              "prompt_cache_retention": None, "store": True, "service_tier": "default"}
+    echo_object = "response"
 
     def validate(self, body: Any) -> None:
         super().validate(body)
         if body.get("previous_response_id") is not None and body.get("conversation") is not None:
             raise ApiError(400, "previous_response_id and conversation cannot both be set: each names the "
                                 "conversation so far.", param="conversation", code="invalid_value")
-
-    def view(self, body: dict) -> View:
-        return View(stream=body.get("stream") is True)
 
     def upstream_body(self, sent: dict, stream: bool) -> dict:
         out = {k: v for k, v in sent.items() if k not in ("stream", "stream_options")}
@@ -245,6 +253,28 @@ class Responses(Surface):
     def parent_id(self, body: dict) -> str | None:
         parent = body.get("previous_response_id")
         return parent if isinstance(parent, str) else None
+
+    def state_ids(self, body: dict) -> list[tuple[str, str]]:
+        found: list[tuple[str, Any]] = []
+        conversation = body.get("conversation")
+        found.append(("conversation", as_dict(conversation).get("id") if isinstance(conversation, dict) else conversation))
+        for i, item in enumerate(map(as_dict, as_list(body.get("input")))):
+            if item.get("type") == "item_reference":
+                found.append((f"input[{i}].id", item.get("id")))
+            for j, part in enumerate(map(as_dict, as_list(item.get("content")))):
+                found.append((f"input[{i}].content[{j}].file_id", part.get("file_id")))
+        for i, tool in enumerate(map(as_dict, as_list(body.get("tools")))):
+            found += [(f"tools[{i}].vector_store_ids", store) for store in as_list(tool.get("vector_store_ids"))]
+            container = tool.get("container")
+            if isinstance(container, str):
+                found.append((f"tools[{i}].container", container))
+            found += [(f"tools[{i}].container.file_ids", file) for file in as_list(as_dict(container).get("file_ids"))]
+        return [(param, named) for param, named in found if isinstance(named, str) and named]
+
+    def apart(self, body: dict) -> str:
+        # A `store: false` answer's id names nothing the upstream keeps: served to a
+        # `store: true` asker, its next turn would fail upstream.
+        return "unstored" if body.get("store") is False else ""
 
     def message_count(self, body: dict) -> int:
         value = body.get("input")
@@ -273,10 +303,12 @@ class Responses(Surface):
         return events.EventRecorder(upstream)
 
     def render(self, entry: Entry, view: View) -> bytes:
-        return entry.stream + entry.tail if view.stream else entry.body
+        if view.stream:
+            return self.echo_stream(entry.stream, view) + self.stream_end(entry, view)
+        return self.echo_body(entry.body, view)
 
     def stream_end(self, entry: Entry, view: View) -> bytes:
-        return entry.tail
+        return self.echo_frame(entry.tail, view)
 
     def in_band_error(self, exc: UpstreamError) -> bytes:
         if isinstance(exc, events.Unfinished):
@@ -291,6 +323,16 @@ class Responses(Surface):
         except orjson.JSONDecodeError:
             return None
         return found if isinstance(found, str) and found else None
+
+    def named_ids(self, body: bytes) -> list[str]:
+        try:
+            response = as_dict(orjson.loads(body))
+        except orjson.JSONDecodeError:
+            return []
+        named = [as_dict(item).get("id") for item in as_list(response.get("output"))]
+        conversation = response.get("conversation")
+        named.append(as_dict(conversation).get("id") if isinstance(conversation, dict) else conversation)
+        return [one for one in named if isinstance(one, str) and one]
 
     def answer_parts(self, parsed: dict) -> list:
         parts = []
@@ -339,7 +381,12 @@ class Responses(Surface):
 
     def with_feedback(self, request: dict, response: dict, errors: list[SchemaError]) -> dict | None:
         """The input so far, the failed answer, then the errors addressed to the model (an
-        output for every function call, as the API requires each call answered)."""
+        output for every function call, as the API requires each call answered); None for a
+        request whose answer the upstream keeps (`store`, the default): the retry's id would
+        name a history holding the rejected answer and the feedback, which its client never
+        saw, so such a retry asks again as the client asked."""
+        if request.get("store") is not False:
+            return None
         given = request.get("input")
         so_far = [{"role": "user", "content": given}] if isinstance(given, str) else list(as_list(given))
         calls = _calls(response)

@@ -12,12 +12,19 @@ answer, a `Recorder` for a stream), holding both wire forms fixed at write time.
 request then gets `render(entry, view)`: a pure function of the stored entry and the
 parts of the request that are out of the key but shape the bytes (`View`), so the same
 request always gets the same bytes, and every reader gets what it asked for.
+
+Echoes: an answer object may repeat fields of the request that are out of the key
+(`metadata`, `user`, `store`...). A surface declares them (`echoed`, with the value the
+wire shows for a request that left one out); the view carries the reader's own values,
+and rendering writes them into the body and into every stream frame that carries the
+answer object, live or replayed (`echo_frame`), so no reader is ever shown another's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
+import orjson
 from pydantic import TypeAdapter
 
 from gateway.apis.validation import check
@@ -25,6 +32,7 @@ from gateway.cache.entry import Entry
 from gateway.errors import OPENAI_ERRORS, ErrorShape, UpstreamError
 from gateway.policy.canonical import UNKEYED_FIELDS, Canonical, Fields, canonicalize
 from gateway.strategies.schema_check import SchemaError
+from gateway.upstream.sse import frame
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,8 @@ class View:
 
     stream: bool = False
     usage: bool = False  # a stream that ends with a usage event (OpenAI's include_usage)
+    # (field, its JSON) of each field the surface echoes (Surface.echoed), as this reader sent it
+    echo: tuple[tuple[str, bytes], ...] = ()
 
 
 def as_dict(value: Any) -> dict:
@@ -44,6 +54,19 @@ def as_dict(value: Any) -> dict:
 def as_list(value: Any) -> list:
     """The same for a list."""
     return value if isinstance(value, list) else []
+
+
+def with_echo(obj: dict, echo: tuple[tuple[str, bytes], ...]) -> dict | None:
+    """`obj` showing the reader's echoed values where it holds those fields; None when it
+    already does (the stored bytes are then sent as they are)."""
+    changed = {name: orjson.loads(value) for name, value in echo if name in obj and orjson.dumps(obj[name]) != value}
+    return {**obj, **changed} if changed else None
+
+
+def _names_any(sent: bytes, view: View) -> bool:
+    """Whether bytes may hold a member the reader's echo sets (a quote inside a JSON string
+    is escaped, so only a member's name matches): most frames are skipped unparsed."""
+    return any(b'"' + name.encode() + b'"' in sent for name, _ in view.echo)
 
 
 def input_texts(body: dict, name: str) -> Iterator[tuple[str, str]]:
@@ -102,6 +125,12 @@ class Surface:
     request: TypeAdapter  # the request's pydantic model: what `validate` checks
     fields: Fields  # the request body's canonical table (gateway/policy/canonical.py)
     unkeyed: frozenset[str] = UNKEYED_FIELDS  # members out of the key, sent as the client sent them
+    # Unkeyed members the answer object repeats, each with what it shows for a request that
+    # left it out: every reader is shown its own (see `echo_frame`).
+    echoed: Mapping[str, Any] = {}
+    echo_object = ""  # the member of a stream event's payload that holds the answer object ("": the payload)
+    # Whether answers name ids of upstream state (`named_ids`), which the tenant served them may then use.
+    names_state = False
 
     # ---- the request
 
@@ -126,7 +155,12 @@ class Surface:
         return sent
 
     def view(self, body: dict) -> View:
-        return View(stream=body.get("stream") is True)
+        return View(stream=body.get("stream") is True, echo=self.echo_of(body))
+
+    def echo_of(self, body: dict) -> tuple[tuple[str, bytes], ...]:
+        """The reader's own value of each echoed field (the wire's default where it sent none)."""
+        return tuple((name, orjson.dumps(body[name] if body.get(name) is not None else default))
+                     for name, default in self.echoed.items())
 
     def upstream_body(self, sent: dict, stream: bool) -> dict:
         """What the upstream is sent, for a streamed or a whole answer."""
@@ -139,6 +173,17 @@ class Surface:
         """Why this request is passed through uncached (it asks for no answer now, or
         depends on upstream state no key can name); None when it can be cached."""
         return None
+
+    def state_ids(self, body: dict) -> list[tuple[str, str]]:
+        """(param, id) of each id of upstream state the request names besides `parent_id` (a
+        conversation, an item reference, a container, a file, a vector store): the tenant
+        may name only those it was served or made (gateway/cache/owners.py)."""
+        return []
+
+    def apart(self, body: dict) -> str:
+        """A name for the answers this request must be kept apart from others of its key
+        ("" for none): its key is then bound to that name as well."""
+        return ""
 
     def parent_id(self, body: dict) -> str | None:
         """The id of an earlier answer this request continues (`answer_id` of that answer);
@@ -170,6 +215,38 @@ class Surface:
         """What a live stream sends after its last recorded frame."""
         return b""
 
+    def echo_frame(self, sent: bytes, view: View) -> bytes:
+        """A stream frame as this reader is shown it: where its payload carries the answer
+        object (`echo_object`), with the reader's echoed values. Live frames and replayed ones
+        go through it alike, so a live miss and its replays are the same bytes."""
+        if not _names_any(sent, view):
+            return sent
+        head, _, rest = sent.partition(b"data: ")
+        event = head[len(b"event: "):].strip().decode() if head.startswith(b"event: ") else None
+        try:
+            payload = orjson.loads(rest)
+        except orjson.JSONDecodeError:
+            return sent
+        obj = payload.get(self.echo_object) if isinstance(payload, dict) and self.echo_object else payload
+        shown = with_echo(obj, view.echo) if isinstance(obj, dict) else None
+        if shown is None:
+            return sent
+        return frame(orjson.dumps({**payload, self.echo_object: shown} if self.echo_object else shown), event)
+
+    def echo_body(self, body: bytes, view: View) -> bytes:
+        """An answer body with the reader's echoed values."""
+        if not _names_any(body, view):
+            return body
+        parsed = orjson.loads(body)
+        shown = with_echo(parsed, view.echo) if isinstance(parsed, dict) else None
+        return body if shown is None else orjson.dumps(shown)
+
+    def echo_stream(self, frames: bytes, view: View) -> bytes:
+        """Recorded frames (each ends in a blank line) with the reader's echoed values."""
+        if not view.echo or not frames:
+            return frames
+        return b"".join(self.echo_frame(one + b"\n\n", view) for one in frames.split(b"\n\n")[:-1])
+
     def in_band_error(self, exc: UpstreamError) -> bytes:
         """The frame that tells a stream's reader the upstream failed after its headers left."""
         return exc.frame(self.errors)
@@ -182,6 +259,11 @@ class Surface:
         """The id an answer body gives itself, by which a later request may continue it
         (`parent_id`); None where the surface has no such ids."""
         return None
+
+    def named_ids(self, body: bytes) -> list[str]:
+        """The ids of upstream state an answer names besides its own `answer_id` (output
+        items, a conversation, a container), recorded for the tenant it is served to."""
+        return []
 
     def answer_parts(self, parsed: dict) -> list:
         """What an answer says, without what differs on every call (ids, timestamps,

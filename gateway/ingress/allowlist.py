@@ -1,7 +1,8 @@
 """What the uncached proxy may pass on: paths confined below /v1, and an allow-list per upstream.
 
 A rule is "METHOD /path" below the upstream's base URL, e.g. "GET /models" or
-"DELETE /responses/{id}"; `{name}` stands for exactly one path segment. A request's
+"DELETE /responses/{id}"; `{name}` stands for exactly one path segment, the id of an
+object the upstream keeps, which a tenant may name only if it owns it (gateway/ingress/proxy.py). A request's
 path is taken apart from its raw bytes, segment by segment, so that nothing a client
 encodes (`%2e%2e`, `%2f`, a backslash, a doubled slash) can make the forwarded path mean
 more than the segments a rule matched: such a path is refused before any upstream call.
@@ -38,6 +39,10 @@ class Rule:
     def matches(self, method: str, segments: tuple[str, ...]) -> bool:
         return method == self.method and len(segments) == len(self.parts) and all(
             part is None or part == segment for part, segment in zip(self.parts, segments))
+
+    def named(self, segments: tuple[str, ...]) -> tuple[str, ...]:
+        """The ids a matching path names: the segments its `{name}`s stand for."""
+        return tuple(segment for part, segment in zip(self.parts, segments) if part is None)
 
 
 def parse_rule(spec: str) -> Rule:

@@ -11,7 +11,7 @@ from gateway.cache.singleflight import Flight
 from gateway.errors import UpstreamError
 from gateway.ingress.auth import Tenant
 from gateway.ops.watch import DRIFT, UPSTREAM
-from gateway.route.chains import own
+from gateway.route.chains import own, own_body
 from gateway.route.lookup import settle
 from gateway.route.warnings import warn
 from gateway.state import CACHE, MODEL
@@ -42,9 +42,10 @@ async def answer(request: web.Request, tenant: Tenant, surface: Surface, flight:
         try:
             outcome = await asyncio.shield(flight.task)
         except UpstreamError as exc:
+            await _own_passed_on(request, tenant, surface, exc)
             return upstream_error(exc, surface, {**headers, "x-detgate-cache": cache})
         cache = settle(request, outcome, cache, headers)
-        if surface.chains:
+        if surface.names_state:
             await own(request, tenant, surface, outcome.entry, outcome.stored and cache != "bypass")
         return respond(request, surface, outcome.entry, view, cache, headers)
     return await _stream_live(request, tenant, surface, flight, cache, view, headers)
@@ -61,19 +62,27 @@ async def _stream_live(request: web.Request, tenant: Tenant, surface: Surface, f
     try:
         await response.prepare(request)
         async for frame in feed.follow():
-            await response.write(frame)
+            await response.write(surface.echo_frame(frame, view))
         try:
             outcome = await asyncio.shield(flight.task)
         except UpstreamError as exc:
             # Headers are gone: the failure can only be told in-band, as the providers do.
+            await _own_passed_on(request, tenant, surface, exc)
             await response.write(surface.in_band_error(exc))
             return response
-        if surface.chains:
+        if surface.names_state:
             await own(request, tenant, surface, outcome.entry, outcome.stored and cache != "bypass")
         await response.write(surface.stream_end(outcome.entry, view))
     except ConnectionResetError:
         pass  # the client left; the flight goes on and is stored if it completes
     return response
+
+
+async def _own_passed_on(request: web.Request, tenant: Tenant, surface: Surface, exc: UpstreamError) -> None:
+    """An answer passed on unfinished with its 200 (a background response still queued, a
+    failed one) names upstream state too: its tenant may poll, cancel or continue it."""
+    if exc.status == 200 and exc.body is not None and surface.names_state:
+        await own_body(request, tenant, surface, exc.body, None)
 
 
 def upstream_error(exc: UpstreamError, surface: Surface, headers: dict[str, str]) -> web.Response:

@@ -22,7 +22,7 @@ from gateway.policy.apply import Hints
 from gateway.policy.hidden_vars import scan, warning
 from gateway.policy.prepare import Asked, Prepared
 from gateway.route.answer import answer, respond, upstream_error
-from gateway.route.chains import continue_chain, own, pass_through
+from gateway.route.chains import check_state, continue_chain, kept_apart, own, pass_through
 from gateway.route.lookup import STATEFUL, find_or_fly, settle
 from gateway.route.warnings import warn
 from gateway.state import (
@@ -93,8 +93,10 @@ def cached_route(surface: Surface):
         gateway = app[GATEWAY]
         if gateway.limiter is not None:
             await admit(gateway.limiter, prepared.tenant.name, metrics)
+        await check_state(request, prepared, surface, call.body)
         if prepared.split:
             return await _answer_split(request, prepared, control, headers)
+        key = kept_apart(request, surface, call.body, key, headers)
         if prepared.uncached is not None:
             control = pass_through(request, prepared.uncached, control, headers)
         elif prepared.parent is not None:
@@ -106,7 +108,7 @@ def cached_route(surface: Surface):
         found = await find_or_fly(request, key, call, control,
                                    _producer(call, gateway.client, drift, prepared.model, headers), headers)
         if isinstance(found, Entry):
-            if surface.chains:
+            if surface.names_state:
                 await own(request, prepared.tenant, surface, found, True)
             return respond(request, surface, found, prepared.view, "hit", headers)
         _flag_hidden(request, call, headers)

@@ -44,11 +44,12 @@ def test_an_answer_matching_text_format_is_stored_after_one_attempt(upstream, ga
 
 
 def test_answers_failing_text_format_are_retried_with_feedback_then_refused(upstream, gateway):
+    """With `store: false`: no upstream history holds the feedback, so the retry may show it."""
     fake, _ = upstream
     fake.behaviour.answer = "Lyon, about half a million"  # never the JSON asked for
     gw = gateway(schema_attempts=2, schema_feedback=True, **RELIABLE)
     with pytest.raises(openai.APIStatusError) as failed:
-        client(gw.url).responses.create(model="fake/m1", input="A city?", text=FORMAT)
+        client(gw.url).responses.create(model="fake/m1", input="A city?", text=FORMAT, store=False)
     assert failed.value.status_code == 502 and failed.value.body["code"] == "schema_validation_failed"
     assert failed.value.response.headers["x-detgate-attempts"] == "2" and len(fake.calls) == 2
     retry = fake.calls[1][1]["input"]
@@ -58,7 +59,7 @@ def test_answers_failing_text_format_are_retried_with_feedback_then_refused(upst
     assert "not valid JSON" in retry[2]["content"]
     fake.behaviour.answer = None
     assert client(gw.url).responses.with_raw_response.create(
-        model="fake/m1", input="A city?", text=FORMAT).headers["x-detgate-cache"] == "miss"  # nothing was stored
+        model="fake/m1", input="A city?", text=FORMAT, store=False).headers["x-detgate-cache"] == "miss"  # nothing stored
 
 
 def test_function_call_arguments_are_checked_against_the_tool(upstream, gateway):

@@ -1,8 +1,8 @@
 """The uncached proxy is an allow-list, not a tunnel: by default only the model listing
 passes; paths are confined below the upstream's base; only allow-listed headers travel
 either way; upstream errors are scrubbed of the key; and what an upstream keeps per
-account (files) is shared by every tenant behind the operator's key, but by no two
-clients in passthrough mode."""
+account (files) is its maker's alone, whether tenants share the operator's key (the
+gateway checks) or each sends its own (passthrough: the upstream checks)."""
 from __future__ import annotations
 
 import socket
@@ -52,14 +52,22 @@ def test_by_default_only_the_model_listing_is_proxied(account, gateway):
     assert [(s.method, s.target) for s in fake.seen] == [("GET", "/v1/models")]
 
 
-def test_allow_listed_files_under_the_operators_key_are_every_tenants(account, gateway):
-    """The residual risk README names: one operator key is one account upstream, so a file
-    one tenant uploads is listed, read and deletable by every other. Allow-list such paths
-    only in passthrough mode (next test)."""
+def test_allow_listed_files_under_the_operators_key_stay_their_uploaders(account, gateway):
+    """One operator key is one account upstream, so the gateway keeps who made what: a file
+    one tenant uploads is listed, read and deleted by that tenant alone; another gets the
+    wire's 404 for it, and a listing of only its own (gateway/cache/owners.py)."""
     fake, url = account
     gw = start(gateway, url, FILES, tenants=KEYS)
-    made = as_(gw, KEYS["acme"]).files.create(file=("a.jsonl", b"{}\n"), purpose="batch")
-    assert [f.id for f in as_(gw, KEYS["globex"]).files.list()] == [made.id]
+    acme, globex = as_(gw, KEYS["acme"]), as_(gw, KEYS["globex"])
+    made = acme.files.create(file=("a.jsonl", b"{}\n"), purpose="batch")
+    assert [f.id for f in acme.files.list()] == [made.id]
+    assert list(globex.files.list()) == []
+    seen = len(fake.seen)
+    for call in (lambda: globex.files.retrieve(made.id), lambda: globex.files.delete(made.id)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert len(fake.seen) == seen  # refused before the operator's key acted on it
+    assert acme.files.retrieve(made.id).id == made.id
     assert {s.headers["authorization"] for s in fake.seen} == {f"Bearer {OPERATOR_KEY}"}
 
 
