@@ -27,8 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8080)")
     serve.add_argument("--upstream", dest="upstreams", action="append", metavar="[NAME=]URL",
-                       help="an upstream's base URL (ending in /v1), repeatable; the first is the default. "
-                            "Without any: https://api.openai.com/v1 with OPENAI_API_KEY")
+                       help="an upstream's base URL (ending in /v1), repeatable; the first is the default; "
+                            "#PROFILE appended picks its profile (openai, anthropic, whitebox, ...). Without any: "
+                            "openai=https://api.openai.com/v1 with $OPENAI_API_KEY for OpenAI's routes and "
+                            "anthropic=https://api.anthropic.com/v1 with $ANTHROPIC_API_KEY for /v1/messages. An "
+                            "upstream with the openai or anthropic profile (named, or taken from the provider's "
+                            "own host) reads that provider's key variable unless the config file names its key")
     serve.add_argument("--tenant", dest="tenants", action="append", metavar="NAME=KEY",
                        help="a gateway API key and the tenant it stands for, repeatable")
     serve.add_argument("--passthrough-auth", action="store_true", default=None,
@@ -131,9 +135,26 @@ def serve(args: argparse.Namespace) -> int:
         return refuse(f"invalid settings: {exc}")
     logs.setup(settings.log_level)
     settings = asyncio.run(discover(settings))
+    log_credentials(settings)
     try:
         web.run_app(create_app(settings), host=settings.host, port=settings.port, access_log=None, print=None,
                     shutdown_timeout=settings.shutdown_timeout_s)
     except ConfigError as exc:
         return refuse(str(exc))
     return 0
+
+
+def log_credentials(settings) -> None:
+    """Say at start, per upstream, where its key comes from (never the key): a user who named
+    an upstream by flag and expected a key would otherwise meet only 401s."""
+    import logging
+
+    log = logging.getLogger("detgate")
+    for upstream in settings.upstreams:
+        if settings.passthrough_auth:
+            source, missing = "the client's own Authorization (--passthrough-auth)", False
+        else:
+            source = upstream.credential(os.environ)
+            missing = upstream.key_env is not None and upstream.key(os.environ) is None
+        (log.warning if missing else log.info)("upstream %s (%s, profile %s): credential from %s",
+                                               upstream.name, upstream.url, upstream.profile, source)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from urllib.parse import urlsplit
 from functools import cached_property
 from typing import Annotated, Any, Literal, Mapping
 
@@ -28,6 +29,12 @@ from gateway.policy.rules import MAX_ATTEMPTS, ModelStrategy, Rules, compile_rul
 OPENAI_URL = "https://api.openai.com/v1"
 ANTHROPIC_URL = "https://api.anthropic.com/v1"
 SHARED_NAMESPACE = "shared"  # the namespace the entries of shared_cache_tenants are signed under
+# A provider's usual key variable, taken by an upstream with its profile unless the upstream
+# names its own key (api_key, or api_key_env; api_key_env = "" sends none), as the providers'
+# own SDKs and LiteLLM read them.
+PROVIDER_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+# An upstream at a provider's own host gets that provider's profile when it names none.
+PROVIDER_HOSTS = {"api.openai.com": "openai", "api.anthropic.com": "anthropic"}
 
 
 class UpstreamConfig(BaseModel):
@@ -52,6 +59,15 @@ class UpstreamConfig(BaseModel):
     # (gateway/ingress/allowlist.py); None: the default of its profile's wire.
     proxy: tuple[str, ...] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _provider_profile(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "profile" not in data and isinstance(data.get("url"), str):
+            host = urlsplit(data["url"]).hostname
+            if host in PROVIDER_HOSTS:
+                data = {**data, "profile": PROVIDER_HOSTS[host]}
+        return data
+
     @field_validator("url")
     @classmethod
     def _no_trailing_slash(cls, url: str) -> str:
@@ -64,12 +80,28 @@ class UpstreamConfig(BaseModel):
             parse_rule(spec)  # parsed here so that a bad rule refuses to start
         return proxy
 
+    @property
+    def key_env(self) -> str | None:
+        """The environment variable the key is read from: api_key_env, else the profile's provider's."""
+        if self.api_key_env is not None:
+            return self.api_key_env or None
+        return PROVIDER_KEY_ENV.get(self.profile)
+
     def key(self, environ: Mapping[str, str] = os.environ) -> str | None:
         """The operator's key for this upstream, sent when the gateway is not passing the client's on."""
-        key = self.api_key.get_secret_value() if self.api_key else None
-        if key is None and self.api_key_env:
-            key = environ.get(self.api_key_env)
-        return key or None
+        if self.api_key is not None:
+            return self.api_key.get_secret_value() or None
+        return (environ.get(self.key_env) if self.key_env else None) or None
+
+    def credential(self, environ: Mapping[str, str] = os.environ) -> str:
+        """Where this upstream's key comes from, for the start-up log: never the key itself."""
+        if self.api_key is not None:
+            return "api_key in the config file"
+        if self.key_env is None:
+            return "none (no api_key or api_key_env, and no provider profile to take one from)"
+        how = "api_key_env" if self.api_key_env else f"the {self.profile} profile's default"
+        state = "set" if environ.get(self.key_env) else "NOT SET: calls go without a key"
+        return f"${self.key_env} ({how}; {state})"
 
 
 class TenantConfig(BaseModel):

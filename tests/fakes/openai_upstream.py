@@ -84,6 +84,7 @@ class FakeUpstream:
     noise: Noise = field(default_factory=Noise)
     behaviour: Behaviour = field(default_factory=Behaviour)
     calls: list[tuple[str, dict]] = field(default_factory=list)  # (path, body)
+    authorizations: list[str | None] = field(default_factory=list)  # each call's Authorization header
     started: int = 0  # calls that began, including ones still running
     faults: Faults | None = None  # fakes/faults.py: a fault per call (500, 429, resets, stalls, ...)
 
@@ -95,6 +96,7 @@ class FakeUpstream:
         # hanging on purpose) records into, and takes its behaviour from, that test's.
         self.behaviour = Behaviour()
         self.calls = []
+        self.authorizations = []
         self.started = 0
 
     def app(self) -> web.Application:
@@ -114,6 +116,7 @@ class FakeUpstream:
         if b.delay_s:
             await asyncio.sleep(b.delay_s)
         calls.append((request.path, body))
+        self.authorizations.append(request.headers.get("Authorization"))
         refused = _refused(body)
         if refused is not None:
             return body, web.Response(status=400, body=orjson.dumps(refused), content_type="application/json")
