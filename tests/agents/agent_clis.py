@@ -74,13 +74,22 @@ def _base_env(space: Workspace) -> dict[str, str]:
             "TERM": "dumb", "TMPDIR": str(space.root / "tmp")}
 
 
-def run_claude(space: Workspace, base_url: str, prompt: str, *, wrap: list[str] = (),
-               timeout: float = 180) -> subprocess.CompletedProcess:
+def claude_command(space: Workspace, base_url: str, prompt: str, *, wrap: list[str] = (),
+                   output: str = "json") -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of one `claude -p` run (`output`: json, or stream-json)."""
     (space.root / "tmp").mkdir(exist_ok=True)
     env = {**_base_env(space), "ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": "x",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
            "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1"}
-    argv = [*wrap, str(CLAUDE), "-p", prompt, "--output-format", "json", "--allowedTools", "Write,Bash,Read"]
+    streamed = ["--verbose", "--include-partial-messages"] if output == "stream-json" else []
+    argv = [*wrap, str(CLAUDE), "-p", prompt, "--output-format", output, *streamed,
+            "--allowedTools", "Write,Bash,Read"]
+    return argv, env
+
+
+def run_claude(space: Workspace, base_url: str, prompt: str, *, wrap: list[str] = (),
+               timeout: float = 180) -> subprocess.CompletedProcess:
+    argv, env = claude_command(space, base_url, prompt, wrap=wrap)
     return subprocess.run(argv, cwd=space.project, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -99,16 +99,14 @@ class FakeAgentUpstream:
     async def _sse(self, request: web.Request, events: list[tuple[str, dict]]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        wire = b"".join(b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-                        for name, data in events)
-        writes, at = [], 0
-        while at < len(wire):
-            step = self.rng.randint(1, 300)
-            writes.append(wire[at:at + step])
-            at += step
-        pause = self.pace_s / max(len(writes), 1)
-        for chunk in writes:
-            await response.write(chunk)
+        pause = self.pace_s / max(len(events), 1)  # a slow model: its events spread evenly over pace_s
+        for name, data in events:
+            wire = b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+            at = 0
+            while at < len(wire):  # an event may be split across writes, as on a real connection
+                step = self.rng.randint(1, 300)
+                await response.write(wire[at:at + step])
+                at += step
             if pause:
                 await asyncio.sleep(pause)
         await response.write_eof()
