@@ -57,7 +57,10 @@ class Gateway:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.argv = [sys.executable, "-m", "gateway", "serve", "--port", str(self.port),
-                     "--upstream", upstream + "/v1", "--passthrough-auth", "--redis-url", redis_url,
+                     # One fake speaks both wires: OpenAI's (Codex, the SDK) and, as an
+                     # `anthropic` profile upstream, Anthropic's (Claude Code).
+                     "--upstream", f"fake={upstream}/v1", "--upstream", f"claude={upstream}/v1#anthropic",
+                     "--passthrough-auth", "--redis-url", redis_url,
                      "--secret", SECRET, "--mode", mode, "--log-level", "INFO", *extra]
         self.process: subprocess.Popen | None = None
 

@@ -65,7 +65,7 @@ def test_second_run_replays_from_the_golden_file(agent, agent_clis, fake_agent, 
     fake, upstream = fake_agent
     answer, files, recorded = _record(agent, fake, upstream, gateway, tmp_path / "ws")
     _golden_round_trip(redis_url, tmp_path)
-    calls = len(fake.requests)
+    calls = len(fake.posts(agent.path))
 
     replayer = gateway(upstream, "replay")
     space = Workspace.fresh(tmp_path / "ws")
@@ -73,7 +73,7 @@ def test_second_run_replays_from_the_golden_file(agent, agent_clis, fake_agent, 
     _all_hits(replayer, recorded)
     assert agent.answer(done) == answer
     assert space.files() == files
-    assert len(fake.requests) == calls, "a replay called the upstream"
+    assert len(fake.posts(agent.path)) == calls, "a replay called the upstream"
 
 
 def test_claude_code_replays_a_day_later(agent_clis, fake_agent, gateway, tmp_path):
