@@ -16,6 +16,7 @@ from gateway.cache.entry import Sealer
 from gateway.cache.memory_store import MemoryStore
 from gateway.cache.near_cache import NearCache
 from gateway.cache.redis_store import RedisStore
+from gateway.cache.session_store import MemorySessions, RedisSessions
 from gateway.cache.singleflight import SingleFlight
 from gateway.cache.store import Store, StoreError
 from gateway.cache.storing import FINISHES, StoreRules
@@ -135,7 +136,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     if settings.rate_limits:
         limiter = TenantLimiter(settings, redis_client, lambda exc: metrics.cache_errors.labels("ratelimit").inc())
     client = UpstreamClient(session, metrics, Resilience(settings, metrics))
-    app[GATEWAY] = Gateway(store, flights, Owners(flights, app[SECRET]), client, limiter)
+    sessions = RedisSessions(redis_client) if redis_client is not None else MemorySessions(settings.memory_store_bytes)
+    app[GATEWAY] = Gateway(store, flights, Owners(flights, app[SECRET]), client, limiter, sessions)
     log.info("detgate ready: %d upstream(s) %s, store %s", len(settings.upstreams),
              ", ".join(f"{u.name}={u.url}" for u in settings.upstreams), "redis" if settings.redis_url else "in-process")
     try:

@@ -97,6 +97,7 @@ async def _probe(settings) -> int:
 async def _cache(action: str, path: str, settings, reseal: bool) -> int:
     from gateway.cache.export import export_entries, import_entries
     from gateway.cache.redis_store import RedisStore
+    from gateway.cache.session_store import RedisSessions
     from gateway.cache.store import StoreError
     from gateway.ops.drift import EPOCHS
     from gateway.ops.ledger import RedisLedger
@@ -104,24 +105,25 @@ async def _cache(action: str, path: str, settings, reseal: bool) -> int:
     store = RedisStore(settings.redis_url, settings.store_timeout_s)
     ledger = RedisLedger(settings.redis_url, settings.store_timeout_s)
     secret = settings.secret.get_secret_value().encode()
+    sessions = RedisSessions(store.client)
     try:
         if action == "export":
             epochs = {name: int(value) for name, value in (await ledger.read(EPOCHS)).items()}
             partial = path + ".partial"
             try:
                 with open(partial, "wb") as out:  # renamed when complete: a failed export leaves no half file
-                    counts = await export_entries(store, out, secret, epochs)
+                    counts = await export_entries(store, out, secret, epochs, sessions=sessions)
                 os.replace(partial, path)
             finally:
                 if os.path.exists(partial):
                     os.unlink(partial)
-            print(f"exported {counts.written} entries to {path}{counts.skips()}")
+            print(f"exported {counts.written} entries{counts.recorded()} to {path}{counts.skips()}")
             return 0
         with open(path, "rb") as source:
-            counts = await import_entries(store, source, secret, reseal=reseal)
+            counts = await import_entries(store, source, secret, reseal=reseal, sessions=sessions)
         for name, epoch in counts.epochs.items():
             await ledger.raise_to(EPOCHS, name, epoch)
-        print(f"imported {counts.written} entries from {path}"
+        print(f"imported {counts.written} entries{counts.recorded()} from {path}"
               + (f"; namespace epochs at least {counts.epochs}" if counts.epochs else "") + counts.skips()
               + (f"; rejected {counts.rejected}:\n  " + "\n  ".join(counts.problems) if counts.rejected else ""))
         return 1 if counts.rejected else 0

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gateway.cache.owners import Owners
+from gateway.cache.session_store import SessionStore
 from gateway.cache.singleflight import SingleFlight
 from gateway.cache.store import Store
 from gateway.config import Settings
@@ -26,6 +27,7 @@ class Gateway:
     owners: Owners  # the ids of upstream state each tenant was served or made
     client: UpstreamClient
     limiter: TenantLimiter | None = None  # per-tenant rate limits, when configured
+    sessions: SessionStore | None = None  # recorded agent sessions (gateway/cache/session_store.py)
 
 
 SETTINGS = web.AppKey("settings", Settings)

@@ -1,9 +1,11 @@
 """Serve modes for golden-record CI: `record` always calls upstream and overwrites,
 `replay` answers from the cache only and never calls an upstream.
 
-A replay miss is a 404 (like `x-detgate-cache-control: only-if-cached`): the request is
-valid, there is just nothing recorded for it. The message names the key and shows the
-request as it was keyed, so a test that changed its prompt can see what changed.
+A replay miss is a 400 `invalid_request_error` on every wire, with code `replay_miss`: a
+status an agent shows its user and does not retry (Claude Code reads a 404 as "an issue
+with the selected model", Codex and the openai SDK retry a 5xx or 429). The message says
+which recorded request is nearest and the first JSON path where they differ; with no
+recording to compare, it shows the request as it was keyed.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ HINT_CHARS = 400
 MODE_CONTROLS = {"record": "no-cache", "replay": "only-if-cached"}
 
 _TRANSPORT = ("stream", "stream_options")  # sent upstream, but not part of the key
+_RECORD = "record it with `detgate serve --mode record` or `detgate cache import`"
 
 
 def replay_unavailable(headers: dict[str, str]) -> ApiError:
@@ -26,10 +29,16 @@ def replay_unavailable(headers: dict[str, str]) -> ApiError:
                     headers={**headers, "Retry-After": "1"})
 
 
-def replay_miss(key: str, sent: dict, headers: dict[str, str]) -> ApiError:
-    keyed = {k: v for k, v in sent.items() if k not in _TRANSPORT}
-    text = orjson.dumps(keyed, option=orjson.OPT_SORT_KEYS).decode()
-    hint = text if len(text) <= HINT_CHARS else f"{text[:HINT_CHARS]}... ({len(text)} characters)"
-    return ApiError(404, f"Replay mode: nothing is recorded for key {key}; record it with `detgate serve --mode "
-                         f"record` or `detgate cache import`. The request as keyed: {hint}",
-                    code="replay_miss", headers={**headers, "x-detgate-cache": "miss"})
+def replay_miss(key: str, sent: dict, headers: dict[str, str], nearest: str | None = None,
+                path: str | None = None) -> ApiError:
+    """`nearest`: what the nearest recording is and where it differs (the route's words);
+    `path`: that first differing path, as the error's param."""
+    if nearest is None:
+        keyed = {k: v for k, v in sent.items() if k not in _TRANSPORT}
+        text = orjson.dumps(keyed, option=orjson.OPT_SORT_KEYS).decode()
+        hint = text if len(text) <= HINT_CHARS else f"{text[:HINT_CHARS]}... ({len(text)} characters)"
+        detail = f"No request recorded in a session is near it. The request as keyed: {hint}"
+    else:
+        detail = f"{nearest} `detgate cache diff` prints every difference."
+    return ApiError(400, f"Replay mode: nothing is recorded for this request (key {key}); {_RECORD}. {detail}",
+                    param=path, code="replay_miss", headers={**headers, "x-detgate-cache": "miss"})

@@ -55,6 +55,7 @@ class Prepared:
     split: tuple[tuple[str, Call], ...] = ()
     uncached: str | None = None  # why the request is passed through uncached (Surface.uncached)
     parent: str | None = None  # the id of the earlier answer it continues (Surface.parent_id)
+    parts: KeyParts | None = None  # what `key` is signed over (not for a split): sessions match on its canonical form
 
 
 def prepare(surface: Surface, raw: bytes, asked: Asked, settings: Settings, tenants: Tenants,
@@ -82,21 +83,21 @@ def prepare(surface: Surface, raw: bytes, asked: Asked, settings: Settings, tena
         except CanonicalError as exc:
             raise ApiError(400, f"The request has no canonical form: {exc}.", param=exc.param, code="invalid_value") from None
         rules = rules or canonical.rules
-        key = sign(secret, KeyParts(tenant.namespace, upstream.name, policy.model, surface.name,
-                                    policy.spec.name, signed, keyed))
+        signing = KeyParts(tenant.namespace, upstream.name, policy.model, surface.name, policy.spec.name, signed, keyed)
+        key = sign(secret, signing)
         # The parts of a split are answered whole and merged, so each is fetched unstreamed.
         stream = view.stream and len(policy.bodies) == 1
         seed = sent.get("seed")
         upstream_body = {k: v for k, v in canonical.sent.items() if k not in policy.unsent}
-        parts.append((key, Call(surface, upstream, surface.upstream_body(upstream_body, stream), headers, stream,
+        parts.append((key, signing, Call(surface, upstream, surface.upstream_body(upstream_body, stream), headers, stream,
                                 policy.spec, seed if type(seed) is int else 0)))
     warnings = policy.warnings + tuple(filter(None, [text_warning(rules)]))
     if len(parts) == 1:
-        key, call = parts[0]
+        key, signing, call = parts[0]
         return Prepared(tenant, policy.model, key, call, view, warnings, rules, policy.rewrites,
-                        uncached=surface.uncached(body), parent=surface.parent_id(body))
-    return Prepared(tenant, policy.model, ",".join(k for k, _ in parts), parts[0][1], view, warnings, rules,
-                    policy.rewrites, tuple(parts))
+                        uncached=surface.uncached(body), parent=surface.parent_id(body), parts=signing)
+    return Prepared(tenant, policy.model, ",".join(k for k, _, _ in parts), parts[0][2], view, warnings, rules,
+                    policy.rewrites, tuple((k, c) for k, _, c in parts))
 
 
 class PreparedMemo:

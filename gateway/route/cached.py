@@ -24,6 +24,7 @@ from gateway.policy.prepare import Asked, Prepared
 from gateway.route.answer import answer, respond, upstream_error
 from gateway.route.chains import check_state, continue_chain, kept_apart, own, pass_through
 from gateway.route.lookup import STATEFUL, find_or_fly, settle
+from gateway.route.replay import asking
 from gateway.route.warnings import warn
 from gateway.state import (
     CACHE,
@@ -106,7 +107,9 @@ def cached_route(surface: Surface):
             call = dataclasses.replace(call, spec=SINGLE)
             warn(headers, "no vote or schema check: a request passed through uncached is sent once")
         found = await find_or_fly(request, key, call, control,
-                                   _producer(call, gateway.client, drift, prepared.model, headers), headers)
+                                   _producer(call, gateway.client, drift, prepared.model, headers), headers,
+                                   asking(prepared, request.headers, surface.apart(call.body))
+                                   if control != STATEFUL and prepared.parent is None else None)
         if isinstance(found, Entry):
             if surface.names_state:
                 await own(request, prepared.tenant, surface, found, True)

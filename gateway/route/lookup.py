@@ -12,6 +12,7 @@ from gateway.cache.modes import replay_miss, replay_unavailable
 from gateway.cache.singleflight import Flight, Outcome, Produce
 from gateway.cache.store import StoreError
 from gateway.errors import ApiError
+from gateway.route.replay import Asking, explain, nearest, record, replay_warning, same_but_tool_outputs
 from gateway.route.warnings import warn
 from gateway.state import GATEWAY, METRICS, SETTINGS
 from gateway.strategies.single import Call
@@ -20,10 +21,11 @@ STATEFUL = "stateful"  # the control of a request the gateway passes through unc
 
 
 async def find_or_fly(request: web.Request, key: str, call: Call, control: str | None, produce: Produce,
-                       headers: dict[str, str]) -> Entry | tuple[Flight, str]:
+                      headers: dict[str, str], asking: Asking | None = None) -> Entry | tuple[Flight, str]:
     """The cache's side of answering one key, the same for a whole request and for each part
     of a split: the stored entry on a hit, else the flight that fills it and the cache label
-    it starts under. Counts coalesced requests and bypasses known from the start."""
+    it starts under. Counts coalesced requests and bypasses known from the start. `asking`
+    (not for a split) records the request as a session's turn, or replays it as one."""
     app = request.app
     metrics = app[METRICS]
     if control in ("no-store", STATEFUL):
@@ -36,13 +38,17 @@ async def find_or_fly(request: web.Request, key: str, call: Call, control: str |
         if entry is not None:
             return entry
         if app[SETTINGS].mode == "replay":
-            raise replay_unavailable(headers) if store_down else replay_miss(key, call.body, headers)
+            if store_down:
+                raise replay_unavailable(headers)
+            return await _replay(request, key, call, asking, headers)
         if control == "only-if-cached":
             raise _not_cached(key, headers)
     flight, leader = app[GATEWAY].flights.join(key, produce, str(call.body.get("model", "")),
                                                refresh=refresh or stale == "corrupt", replace=stale == "expired")
     if not leader:
         metrics.coalesced.labels(request.match_info.route.name or "").inc()
+    if asking is not None and app[SETTINGS].mode == "record":
+        flight = Flight(flight.feed, asyncio.ensure_future(_recorded(request, flight.task, asking, key, headers)))
     if store_down:
         metrics.cache_bypass.labels("store_down").inc()
         return flight, "bypass"
@@ -65,6 +71,44 @@ def settle(request: web.Request, outcome: Outcome, cache: str, headers: dict[str
         cache = "bypass"
         metrics.cache_bypass.labels("store_down").inc()
     return cache
+
+
+async def _replay(request: web.Request, key: str, call: Call, asking: Asking | None,
+                  headers: dict[str, str]) -> Entry:
+    """A replayed request whose exact key missed: the turn recorded for the same conversation
+    with other tool outputs, or the replay miss that says what is nearest."""
+    if asking is None:
+        raise replay_miss(key, call.body, headers)
+    try:
+        found = await same_but_tool_outputs(request, asking)
+        if found is not None:
+            turn, changed = found
+            entry, _, _ = await _lookup(request, turn.key)
+            if entry is not None:
+                headers["x-detgate-key"] = turn.key
+                warn(headers, replay_warning(turn, changed))
+                return entry
+        near = await nearest(request, asking)
+    except StoreError:
+        request.app[METRICS].cache_errors.labels("get").inc()
+        raise replay_unavailable(headers) from None
+    if near is None:
+        raise replay_miss(key, call.body, headers)
+    raise replay_miss(key, call.body, headers, *explain(near, asking.parts.route, asking.document()))
+
+
+async def _recorded(request: web.Request, task: asyncio.Task[Outcome], asking: Asking, key: str,
+                    headers: dict[str, str]) -> Outcome:
+    """A record-mode flight's outcome, once its answer, if stored, is kept as a turn of its
+    session: before the answer is sent, so the next turn an agent sends finds this one."""
+    outcome = await task
+    if outcome.stored and outcome.declined is None:
+        try:
+            await record(request, asking, key)
+        except StoreError as exc:
+            request.app[METRICS].cache_errors.labels("session").inc()
+            warn(headers, f"session turn not recorded: {exc}")
+    return outcome
 
 
 def _unshared(produce: Produce) -> Flight:

@@ -29,13 +29,13 @@ def test_replay_serves_what_was_recorded_and_never_calls_upstream(upstream, gate
     assert sse_payloads(replayed_stream.body)[-1] == b"[DONE]"
 
     miss = post(replay.url, "/v1/chat/completions", GOODBYE)
-    assert miss.status == 404
+    assert miss.status == 400  # not 404, which agents read as a model error (issue 40 §4)
     error = miss.json()["error"]
     assert error["code"] == "replay_miss" and set(error) == {"message", "type", "param", "code"}
     assert miss.key in error["message"] and '"content":"Say goodbye."' in error["message"]
     for control in ("no-store", "no-cache"):  # no way around it to the upstream
         assert post(replay.url, "/v1/chat/completions", GOODBYE,
-                    {"x-detgate-cache-control": control}).status == 404
+                    {"x-detgate-cache-control": control}).status == 400
     assert len(fake.calls) == calls
 
 
@@ -52,7 +52,7 @@ def test_replay_through_the_openai_client(upstream, gateway, redis_url):
     first = recorded.chat.completions.create(model="fake/m1", messages=CHAT["messages"])
     again = replaying.chat.completions.create(model="fake/m1", messages=CHAT["messages"])
     assert again.model_dump() == first.model_dump()
-    with pytest.raises(openai.NotFoundError) as caught:
+    with pytest.raises(openai.BadRequestError) as caught:
         replaying.chat.completions.create(model="fake/m1", messages=GOODBYE["messages"])
     assert caught.value.code == "replay_miss"
 

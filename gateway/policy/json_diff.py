@@ -1,0 +1,90 @@
+"""Where two JSON documents differ, by JSON path, and how alike they are: what a replay miss
+and `detgate cache diff` tell about a request against a recording.
+
+Paths are written as the warnings and errors show them: `messages[2].content[0].text`,
+with a member that is not a plain name quoted (`metadata["user-id"]`); `$` is the whole
+document.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any, Iterator, NamedTuple
+
+import orjson
+
+ABSENT = object()  # a member or item one side does not have
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SHORT = 60  # characters a shortened value keeps
+
+
+class Difference(NamedTuple):
+    path: str
+    recorded: Any  # ABSENT where only the request has it
+    sent: Any  # ABSENT where only the recording has it
+
+
+def member(path: str, name: str) -> str:
+    if _NAME.fullmatch(name):
+        return f"{path}.{name}" if path else name
+    return f"{path or '$'}[{orjson.dumps(name).decode()}]"
+
+
+def item(path: str, index: int) -> str:
+    return f"{path or '$'}[{index}]"
+
+
+def differences(recorded: Any, sent: Any, path: str = "") -> Iterator[Difference]:
+    """Every place the two differ, in document order (the request's member order, then the
+    members only the recording has): the deepest path where both still have a container of
+    the same kind."""
+    if isinstance(recorded, dict) and isinstance(sent, dict):
+        for name, value in sent.items():
+            yield from differences(recorded.get(name, ABSENT), value, member(path, name))
+        for name, value in recorded.items():
+            if name not in sent:
+                yield Difference(member(path, name), value, ABSENT)
+    elif isinstance(recorded, list) and isinstance(sent, list):
+        for index in range(max(len(recorded), len(sent))):
+            yield from differences(recorded[index] if index < len(recorded) else ABSENT,
+                                   sent[index] if index < len(sent) else ABSENT, item(path, index))
+    elif recorded is ABSENT or sent is ABSENT or not _same(recorded, sent):
+        yield Difference(path or "$", recorded, sent)
+
+
+def _same(a: Any, b: Any) -> bool:
+    # 1 and 1.0 are not one value in a key, and True is not 1.
+    return type(a) is type(b) and a == b
+
+
+def first_difference(recorded: Any, sent: Any) -> Difference | None:
+    return next(differences(recorded, sent), None)
+
+
+def shorten(value: Any, limit: int = SHORT) -> str:
+    """A value as JSON, cut to about `limit` characters with how long it was."""
+    if value is ABSENT:
+        return "(absent)"
+    text = orjson.dumps(value).decode()
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _leaves(value: Any, path: str = "") -> Iterator[tuple[str, bytes]]:
+    if isinstance(value, dict):
+        for name, inner in value.items():
+            yield from _leaves(inner, member(path, name))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            yield from _leaves(inner, item(path, index))
+    else:
+        yield path, orjson.dumps(value)
+
+
+def similarity(a: Any, b: Any) -> float:
+    """The share of (path, value) leaves the two have in common, 0 to 1: a conversation that
+    shares more of its messages with a recording, word for word and in place, is nearer."""
+    left, right = Counter(_leaves(a)), Counter(_leaves(b))
+    total = max(sum(left.values()), sum(right.values()))
+    return sum((left & right).values()) / total if total else 1.0
