@@ -149,7 +149,7 @@ def test_a_responses_tool_loop_replays_and_a_miss_is_not_retried(upstream, gatew
         items: list = [{"role": "user", "content": prompt}]
         replies = []
         for _ in range(2):
-            raw = client.responses.with_raw_response.create(model="fake/m1", input=items, tools=tools,
+            raw = client.responses.with_raw_response.create(model="fake/m1", input=items, tools=tools, store=False,
                                                             extra_headers={"session-id": secrets.token_hex(8)})
             replies.append(raw)
             for out in raw.parse().output:
