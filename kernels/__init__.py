@@ -14,6 +14,8 @@ Public API (everything else in detgate relies only on these names):
   rope_store_kv(qkv, positions, ...) per-head q/k norm + RoPE + KV write in one launch -> q
   silu_mul(x)                        silu(gate) * up of x = [gate | up], one launch
   swiglu(x, w)                       silu_mul(matmul(x, w)), one launch at decode
+  moe.route / moe.experts            Qwen3-MoE routing (ties to the lowest expert id) and grouped
+                                     experts, each token summed in one order (kernels/moe.py)
   log_softmax / logsumexp / argmax / sample
   set_mode / get_mode / mode         "invariant" | "standard"
   toolchain(device)                  the compiler versions that, with KERNEL_VERSION, fix the bits

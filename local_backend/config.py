@@ -15,12 +15,38 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 DTYPES = ("float32", "float16", "bfloat16")
 # Every file besides the weights whose bytes can change an answer: the model's settings,
 # the tokenizer and the chat template (the fingerprint digests them).
 SETTINGS_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                   "chat_template.jinja")
+
+
+@dataclasses.dataclass(frozen=True)
+class Moe:
+    """Qwen3-MoE's sparse layers: which layers route, to how many of how many experts."""
+    num_experts: int
+    top_k: int                      # num_experts_per_tok
+    intermediate_size: int          # moe_intermediate_size, each expert's
+    normalize: bool                 # norm_topk_prob: the chosen experts' weights sum to 1
+    sparse_layers: tuple[bool, ...]  # per layer: experts (True) or the dense MLP of intermediate_size
+
+    @classmethod
+    def parse(cls, raw: dict, file: str, num_layers: int, need) -> "Moe":
+        experts, top_k = need("num_experts"), need("num_experts_per_tok")
+        if top_k > experts:
+            raise CheckpointError(f"{file}: num_experts_per_tok {top_k} is more than num_experts {experts}")
+        step = raw.get("decoder_sparse_step", 1)
+        if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
+            raise CheckpointError(f"{file}: decoder_sparse_step must be a positive int, got {step!r}")
+        dense = raw.get("mlp_only_layers") or []
+        if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+            raise CheckpointError(f"{file}: mlp_only_layers must be a list of layer indices, got {dense!r}")
+        # transformers' rule: a layer routes unless listed, when (index + 1) is a multiple of the step.
+        sparse = tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
+        return cls(experts, top_k, need("moe_intermediate_size"), bool(raw.get("norm_topk_prob", False)), sparse)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +68,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     dtype: str | None      # the dtype the checkpoint says it was saved in (`dtype`, formerly `torch_dtype`)
     generation: GenerationConfig
+    moe: Moe | None = None   # Qwen3-MoE's experts; None for a dense model
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "ModelConfig":
@@ -85,6 +112,8 @@ class ModelConfig:
         if eos is None:
             eos = () if raw.get("eos_token_id") is None else token_ids(raw["eos_token_id"], f"{file}: eos_token_id")
         vocab = need("vocab_size")
+        layers = need("num_hidden_layers")
+        moe = Moe.parse(raw, str(file), layers, need) if arch == "qwen3_moe" else None
         if any(i >= vocab for i in eos):
             raise CheckpointError(f"{path}: eos_token_id {list(eos)} reaches past config.json's vocab_size {vocab}")
         return cls(
@@ -92,7 +121,7 @@ class ModelConfig:
             vocab_size=vocab,
             hidden_size=need("hidden_size"),
             intermediate_size=need("intermediate_size"),
-            num_layers=need("num_hidden_layers"),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
@@ -101,10 +130,11 @@ class ModelConfig:
             max_position_embeddings=raw.get("max_position_embeddings", 4096),
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             attention_bias=arch == "qwen2",   # Llama's and Qwen3's attention_bias is refused (config_fields)
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "qwen3_moe"),
             eos_token_ids=eos,
             dtype=dtype,
             generation=generation,
+            moe=moe,
         )
 
 

@@ -94,6 +94,12 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, str | Check]] = {
     # Qwen2 always has q/k/v biases (and none on o_proj), whatever attention_bias says
     "qwen2": {**COMMON, **SLIDING, "attention_bias": INERT, "use_mrope": only(False, None)},
     "qwen3": {**COMMON, **SLIDING, **LLAMA_LIKE},
+    # Qwen3-MoE: Qwen3's attention; its sparse layers read by config.Moe
+    "qwen3_moe": {**COMMON, **SLIDING, **LLAMA_LIKE, **{name: READ for name in (
+        "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+        "mlp_only_layers")},
+        # training only: the router's auxiliary loss
+        "output_router_logits": INERT, "router_aux_loss_coef": INERT},
 }
 
 

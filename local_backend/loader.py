@@ -18,6 +18,7 @@ from tqdm import tqdm
 from local_backend.config import ModelConfig
 from local_backend.errors import CheckpointError
 from local_backend.models.llama import Layer, Weights
+from local_backend.models.qwen3_moe import Experts, MoeLayer
 
 
 INDEX = "model.safetensors.index.json"
@@ -119,9 +120,15 @@ def build_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], origin: dict[str
         if cfg.attention_bias:
             bias = torch.cat([take(attn + "q_proj.bias", (q,), heads), take(attn + "k_proj.bias", (kv,), kv_heads),
                               take(attn + "v_proj.bias", (kv,), kv_heads)])
-        gate_up = torch.cat([take(mlp + "gate_proj.weight", (inter, h), mlp_fields),
-                             take(mlp + "up_proj.weight", (inter, h), mlp_fields)])
-        layers.append(Layer(
+        sparse = cfg.moe is not None and cfg.moe.sparse_layers[i]
+        gate_up = down = experts = None
+        if sparse:
+            experts = take_experts(cfg, take, mlp, fused=mlp + "experts.gate_up_proj" in t)
+        else:
+            gate_up = matmul_operand(torch.cat([take(mlp + "gate_proj.weight", (inter, h), mlp_fields),
+                                                take(mlp + "up_proj.weight", (inter, h), mlp_fields)]))
+            down = matmul_operand(take(mlp + "down_proj.weight", (h, inter), mlp_fields))
+        layers.append((MoeLayer if cfg.moe is not None else Layer)(
             input_norm=take(p + "input_layernorm.weight", (h,), "hidden_size"),
             qkv=matmul_operand(qkv),
             qkv_bias=bias,
@@ -129,8 +136,9 @@ def build_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], origin: dict[str
             k_norm=take(attn + "k_norm.weight", (d,), "head_dim") if cfg.qk_norm else None,
             o=matmul_operand(take(attn + "o_proj.weight", (h, q), heads)),
             post_norm=take(p + "post_attention_layernorm.weight", (h,), "hidden_size"),
-            gate_up=matmul_operand(gate_up),
-            down=matmul_operand(take(mlp + "down_proj.weight", (h, inter), mlp_fields)),
+            gate_up=gate_up,
+            down=down,
+            **({"experts": experts} if cfg.moe is not None else {}),
         ))
     embed = take("model.embed_tokens.weight", (vocab, h), "vocab_size, hidden_size")
     if cfg.tie_word_embeddings:
@@ -145,6 +153,24 @@ def build_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], origin: dict[str
                       lm_head=matmul_operand(head))
     refuse_unused(t, origin)
     return weights
+
+
+def take_experts(cfg: ModelConfig, take, mlp: str, fused: bool) -> Experts:
+    """A sparse layer's router and experts, each expert's gate and up stacked as [E, 2I, H] and its
+    down as [E, H, I]: the layout kernels.moe reads (rows = outputs, as stored). fused: the
+    checkpoint stores them so (transformers 5's module layout), not one tensor per expert."""
+    h, spec = cfg.hidden_size, cfg.moe
+    n, i, fields = spec.num_experts, spec.intermediate_size, "num_experts, moe_intermediate_size, hidden_size"
+    router = take(mlp + "gate.weight", (n, h), "num_experts, hidden_size")
+    if fused:
+        return Experts(router=matmul_operand(router), gate_up=take(mlp + "experts.gate_up_proj", (n, 2 * i, h), fields),
+                       down=take(mlp + "experts.down_proj", (n, h, i), fields))
+    gate_up, down = [], []
+    for e in range(spec.num_experts):
+        p = f"{mlp}experts.{e}."
+        gate_up.append(torch.cat([take(p + "gate_proj.weight", (i, h), fields), take(p + "up_proj.weight", (i, h), fields)]))
+        down.append(take(p + "down_proj.weight", (h, i), fields))
+    return Experts(router=matmul_operand(router), gate_up=torch.stack(gate_up), down=torch.stack(down))
 
 
 def load_weights(path: str | Path, cfg: ModelConfig, device: str, dtype: torch.dtype) -> tuple[Weights, str]:

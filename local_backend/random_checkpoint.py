@@ -1,4 +1,4 @@
-"""Write random-weight Hugging Face checkpoints (Llama, Qwen2, Qwen3) for tests and benchmarks.
+"""Write random-weight Hugging Face checkpoints (Llama, Qwen2, Qwen3, Qwen3-MoE) for tests and benchmarks.
 
 The directory is a real checkpoint: config.json (as transformers 5 writes it, with
 `rope_parameters` and `dtype`, or in the earlier layout with a top-level `rope_theta` and
@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+               "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 # Per-layer shapes of the real models; `layers` may be lowered to save time and memory.
 SHAPES = {
@@ -23,6 +24,16 @@ SHAPES = {
                        num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128, tie=True, rope_theta=1e6),
     "llama3-8b": dict(arch="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                       num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, tie=False, rope_theta=5e5),
+    # 48 layers, all sparse: 128 experts of 768, 8 routed per token (3.3B of 30.5B parameters active).
+    "qwen3-30b-a3b": dict(arch="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                          num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128, tie=False, rope_theta=1e6,
+                          moe=dict(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])),
+    # For tests: a dense layer (mlp_only_layers) between sparse ones.
+    "qwen3-moe-tiny": dict(arch="qwen3_moe", vocab_size=384, hidden_size=64, intermediate_size=96,
+                           num_layers=3, num_heads=2, num_kv_heads=1, head_dim=32, tie=False, rope_theta=1e6,
+                           moe=dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1])),
 }
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
@@ -32,15 +43,16 @@ CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['con
 def config_json(arch: str, vocab_size: int, hidden_size: int, intermediate_size: int, num_layers: int,
                 num_heads: int, num_kv_heads: int, head_dim: int, tie: bool, rope_theta: float,
                 bos_token_id: int, eos_token_id: int, max_position_embeddings: int = 8192,
-                rope_scaling: dict | None = None, layout: str = "transformers5") -> dict:
-    """rope_scaling: a RoPE type and its fields, e.g. {"rope_type": "yarn", "factor": 4.0}."""
+                rope_scaling: dict | None = None, layout: str = "transformers5", moe: dict | None = None) -> dict:
+    """rope_scaling: a RoPE type and its fields, e.g. {"rope_type": "yarn", "factor": 4.0}. moe:
+    Qwen3-MoE's fields as config.json names them (num_experts, num_experts_per_tok, ...)."""
     cfg = {
         "architectures": [MODEL_TYPES[arch]], "model_type": arch, "vocab_size": vocab_size,
         "hidden_size": hidden_size, "intermediate_size": intermediate_size, "num_hidden_layers": num_layers,
         "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads, "head_dim": head_dim,
         "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": max_position_embeddings,
         "tie_word_embeddings": tie, "attention_bias": arch == "qwen2",
-        "bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
+        "bos_token_id": bos_token_id, "eos_token_id": eos_token_id, **(moe or {}),
     }
     if layout == "transformers5":
         return {**cfg, "dtype": "bfloat16",
@@ -58,6 +70,11 @@ def random_tensors(cfg: dict, generator: torch.Generator, device: str, dtype: to
         return (1 + normal(n, std=0.1)).to(dtype)
 
     h, i, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+
+    def mlp(prefix, inter):
+        return {prefix + "gate_proj.weight": normal(inter, h), prefix + "up_proj.weight": normal(inter, h),
+                prefix + "down_proj.weight": normal(h, inter)}
+
     q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
     t = {"model.embed_tokens.weight": normal(cfg["vocab_size"], h), "model.norm.weight": ones(h)}
     if not cfg["tie_word_embeddings"]:
@@ -71,13 +88,22 @@ def random_tensors(cfg: dict, generator: torch.Generator, device: str, dtype: to
             if cfg["attention_bias"]:
                 t[p + f"self_attn.{name}_proj.bias"] = normal(rows, std=0.1)
         t[p + "self_attn.o_proj.weight"] = normal(h, q)
-        if cfg["model_type"] == "qwen3":
+        if cfg["model_type"] in ("qwen3", "qwen3_moe"):
             t[p + "self_attn.q_norm.weight"] = ones(d)
             t[p + "self_attn.k_norm.weight"] = ones(d)
-        t[p + "mlp.gate_proj.weight"] = normal(i, h)
-        t[p + "mlp.up_proj.weight"] = normal(i, h)
-        t[p + "mlp.down_proj.weight"] = normal(h, i)
+        if sparse(cfg, n):
+            t[p + "mlp.gate.weight"] = normal(cfg["num_experts"], h)
+            for e in range(cfg["num_experts"]):
+                t.update(mlp(f"{p}mlp.experts.{e}.", cfg["moe_intermediate_size"]))
+        else:
+            t.update(mlp(p + "mlp.", i))
     return t
+
+
+def sparse(cfg: dict, layer: int) -> bool:
+    """Whether a layer of this config.json routes to experts (transformers' Qwen3-MoE rule)."""
+    return (cfg.get("num_experts", 0) > 0 and layer not in (cfg.get("mlp_only_layers") or [])
+            and (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0)
 
 
 def write_weights(path: Path, tensors: dict, shards: int) -> None:

@@ -41,7 +41,7 @@ from local_backend.engine.scheduler import Scheduled, Scheduler
 from local_backend.engine.sequence import PENDING, Sequence, Status
 from local_backend.errors import CheckpointError
 from local_backend.loader import load_weights
-from local_backend.models.llama import Llama
+from local_backend.models.qwen3_moe import model_class
 from local_backend.sampling_params import SamplingParams
 from local_backend.tokenizer import Tokenizer
 
@@ -141,7 +141,7 @@ class Engine:
         self.toolchain = kernels.toolchain(self.device)
         self.fingerprint = fingerprint(digest, settings_digest(config.model), config.mode, self.dtype,
                                        device_arch(self.device), self.toolchain, config.chunk_size)
-        model = Llama(cfg, weights, self.max_model_len)
+        model = model_class(cfg)(cfg, weights, self.max_model_len)
         self.num_blocks = kv_block_count(config, cfg, self.max_model_len, self.device, self.dtype)
         self.runner = ModelRunner(model, self.num_blocks, config.block_size, self.max_model_len,
                                   config.max_batch, config.max_batched_tokens, config.chunk_size, config.cuda_graphs)

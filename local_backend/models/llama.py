@@ -79,6 +79,10 @@ class Llama:
             early=kernels.launches_early(layer.o))
         return kernels.matmul_partials(o.reshape(t, self.q_size), layer.o)
 
+    def mlp_weight(self, layer: Layer) -> torch.Tensor:
+        """The first matmul's weight of a layer's MLP: the norm ahead of it may launch it early."""
+        return layer.gate_up
+
     def mlp(self, layer: Layer, x):
         return kernels.matmul_partials(kernels.swiglu(x, layer.gate_up), layer.down)
 
@@ -93,7 +97,7 @@ class Llama:
         x = kernels.rms_norm(h, layers[0].input_norm, eps)
         for i, (layer, kv_cache) in enumerate(zip(layers, kv_caches)):
             x, h = rms_norm_residual(self.attention(layer, x, positions, kv_cache, batch), h, layer.post_norm, eps,
-                                     early=kernels.launches_early(layer.gate_up))
+                                     early=kernels.launches_early(self.mlp_weight(layer)))
             # The next layer's norm and qkv, or the final norm and the LM head.
             norm, weight = (layers[i + 1].input_norm, layers[i + 1].qkv) if i + 1 < len(layers) else \
                 (self.w.norm, self.w.lm_head)
