@@ -27,7 +27,7 @@ from gateway.ingress.header_safety import finish_headers
 from gateway.ingress.limits import TenantLimiter
 from gateway.ingress.middlewares import errors, observe
 from gateway.ingress.proxy import proxy
-from gateway.ops import endpoints
+from gateway.ops import cache_api, endpoints
 from gateway.ops.logs import AccessLog
 from gateway.ops.metrics import Metrics
 from gateway.ops.status import status
@@ -93,6 +93,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/healthz", endpoints.healthz, name="healthz")
     app.router.add_get("/metrics", endpoints.metrics, name="metrics")
     app.router.add_get("/detgate/status", status, name="status")
+    cache_api.add_routes(app)
     return app
 
 

@@ -1,4 +1,5 @@
-"""The one-shot commands beside `serve`: `detgate probe` and `detgate cache export|import`.
+"""The one-shot commands beside `serve`: `detgate probe`, `detgate cache export|import` and
+`detgate cache ls|show|rm` (gateway/ops/cache_cli.py).
 
 They read the same settings as `serve` (--config file, DETGATE_* environment, flags), so
 a deployment's config file is all they need. Heavy imports wait until a command runs, so
@@ -10,6 +11,8 @@ import argparse
 import asyncio
 import os
 import sys
+
+from gateway.ops import cache_cli
 
 NO_STORE = ("needs --redis-url (or redis_url in --config): without one the cache lives inside a `detgate serve` "
             "process and goes with it, so there is nothing to {what}")
@@ -31,7 +34,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     probe.add_argument("--upstream", dest="upstreams", action="append", metavar="[NAME=]URL",
                        help="an upstream, as for `detgate serve`")
 
-    cache = commands.add_parser("cache", help="export or import cache entries as JSONL")
+    cache = commands.add_parser("cache", help="list, show, delete, export or import cache entries")
     actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
     export = actions.add_parser("export", help="write every entry this secret vouches for to FILE, sorted by key; "
                                                "say how many were skipped, and why")
@@ -43,10 +46,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     load.add_argument("--reseal", action="store_true",
                       help="seal entries anew with this secret instead of checking their MACs (for a golden file "
                            "edited on purpose)")
+    cache_cli.add_actions(actions, _shared)
 
 
 def run_command(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
+
+    if args.command == "cache" and args.action in cache_cli.ACTIONS:
+        return cache_cli.run(args, refuse)
 
     from gateway import config
     from gateway.ops import logs

@@ -34,6 +34,9 @@ class Entry:
     # When it ages out (Unix time, ms), sealed with it so that every copy (a near cache, an
     # export) ages out with it; None: never.
     expires_ms: int | None = None
+    # Who filled it, when, and for what request (gateway/cache/origin.py), for the operator's
+    # cache API; not rendered to clients. None in entries written before it was kept.
+    origin: dict[str, Any] | None = None
 
     def expired(self, now_ms: int | None = None) -> bool:
         return self.expires_ms is not None and self.expires_ms <= (now_ms if now_ms is not None else now_in_ms())
@@ -75,6 +78,8 @@ def encode(entry: Entry) -> bytes:
         record["meta"] = entry.meta
     if entry.expires_ms is not None:
         record["expires_ms"] = entry.expires_ms
+    if entry.origin:
+        record["origin"] = entry.origin
     return orjson.dumps(record)
 
 
@@ -89,8 +94,11 @@ def decode(raw: bytes) -> Entry:
         expires = record.get("expires_ms")
         if expires is not None and type(expires) is not int:
             raise CorruptEntry("entry expires_ms is not an integer")
+        origin = record.get("origin")
+        if origin is not None and not isinstance(origin, dict):
+            raise CorruptEntry("entry origin is not an object")
         return Entry(_bytes(record["body"]), _bytes(record["stream"]), str(record["model"]), str(record["finish"]),
-                     _bytes(record["tail"]), meta, expires)
+                     _bytes(record["tail"]), meta, expires, origin)
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptEntry(f"unreadable cache entry: {exc}") from exc
 

@@ -103,6 +103,19 @@ class MemoryStore:
             if left is None or left > 0:
                 yield key
 
+    async def scan(self, cursor: str, count: int) -> tuple[list[str], str]:
+        """Keys after `cursor` in sorted order, so that paging is stable however the LRU
+        reorders them; the cursor is the last key of the page ("" at the end, and to start)."""
+        keys = sorted(k for k in self._entries if k > cursor)[:count]
+        return keys, (keys[-1] if len(keys) == count else "")
+
+    async def delete_if(self, key: str, mac: bytes) -> bool:
+        value = self._entries.get(key)
+        if value is None or not value.startswith(mac):
+            return False
+        self._drop(key)
+        return True
+
     async def close(self) -> None:
         self._entries.clear()
         self._expires.clear()

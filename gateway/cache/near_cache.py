@@ -74,6 +74,14 @@ class NearCache:
     def keys(self) -> AsyncIterator[str]:
         return self.store.keys()
 
+    async def scan(self, cursor: str, count: int) -> tuple[list[str], str]:
+        return await self.store.scan(cursor, count)
+
+    async def delete_if(self, key: str, mac: bytes) -> bool:
+        # This replica forgets its copy at once; the others within their ttl_s.
+        self._forget(key)
+        return await self.store.delete_if(key, mac)
+
     async def close(self) -> None:
         self._copies.clear()
         self.nbytes = 0

@@ -39,6 +39,11 @@ local stored = redis.call(unpack(set)) and 1 or 0
 if redis.call('get', KEYS[2]) == ARGV[2] then redis.call('del', KEYS[2]) end
 return stored
 """
+# Delete an entry only while it still holds the value the caller chose it by (its MAC, the
+# value's first bytes): a refresh or a new fill that landed since is left alone.
+_DELETE_IF = ("local v = redis.call('get', KEYS[1]) "
+              "if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then return redis.call('del', KEYS[1]) "
+              "else return 0 end")
 # An entry and the milliseconds it has left (-1: no TTL), in one round trip.
 _GET_EXPIRING = "return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])}"
 
@@ -67,6 +72,7 @@ class RedisStore:
         self._unlock = self._redis.register_script(_UNLOCK)
         self._commit = self._redis.register_script(_COMMIT)
         self._get_expiring = self._redis.register_script(_GET_EXPIRING)
+        self._delete_if = self._redis.register_script(_DELETE_IF)
 
     @property
     def client(self) -> aioredis.Redis | aioredis.RedisCluster:
@@ -124,6 +130,33 @@ class RedisStore:
                 yield name.decode()[len(_ENTRY_PREFIX) + 1:-1]
         except RedisError as exc:
             raise StoreError.of("redis scan", exc) from exc
+
+    async def scan(self, cursor: str, count: int) -> tuple[list[str], str]:
+        """One SCAN step: up to about `count` keys and the cursor to go on from ("" at the end,
+        and to start). On a cluster the cursor is "node.cursor", walking the primaries in turn."""
+        try:
+            if isinstance(self._redis, aioredis.RedisCluster):
+                nodes = sorted(self._redis.get_primaries(), key=lambda node: node.name)
+                index, _, at = cursor.partition(".") if cursor else ("0", "", "0")
+                node = nodes[int(index)]
+                found, names = await self._redis.scan(cursor=int(at), match=_ENTRY_PREFIX + "*", count=count,
+                                                      target_nodes=node)
+                nxt = found[node.name]
+                following = f"{index}.{nxt}" if nxt else (f"{int(index) + 1}.0" if int(index) + 1 < len(nodes) else "")
+            else:
+                nxt, names = await self._redis.scan(cursor=int(cursor or 0), match=_ENTRY_PREFIX + "*", count=count)
+                following = str(nxt) if nxt else ""
+        except (ValueError, IndexError):
+            raise ValueError(f"not a cursor this store gave: {cursor!r}") from None
+        except RedisError as exc:
+            raise StoreError.of("redis scan", exc) from exc
+        return [name.decode()[len(_ENTRY_PREFIX) + 1:-1] for name in names], following
+
+    async def delete_if(self, key: str, mac: bytes) -> bool:
+        try:
+            return bool(await self._delete_if(keys=[entry_name(key)], args=[mac]))
+        except RedisError as exc:
+            raise StoreError.of("redis delete", exc) from exc
 
     async def close(self) -> None:
         await self._redis.aclose()

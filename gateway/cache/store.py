@@ -50,4 +50,14 @@ class Store(Protocol):
         """Every stored cache key, in no particular order (for `detgate cache export`)."""
         ...
 
+    async def scan(self, cursor: str, count: int) -> tuple[list[str], str]:
+        """One step of a walk over the stored keys: about `count` of them and the cursor of the
+        next step ("" to start, and when the walk is over). Never blocks the store for long."""
+        ...
+
+    async def delete_if(self, key: str, mac: bytes) -> bool:
+        """Delete the entry under `key` only if its value still starts with `mac` (the seal of
+        the entry the caller chose), in one step; True when it was deleted."""
+        ...
+
     async def close(self) -> None: ...

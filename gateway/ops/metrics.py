@@ -77,6 +77,11 @@ class Metrics:
         self.schema_attempts = Counter("detgate_schema_attempts", "Schema-checked answers, by result: valid or "
                                        "invalid per attempt, exhausted per request whose attempts all failed.",
                                        ["model", "result"], registry=r)
+        # The operator's cache API (gateway/ops/cache_api.py).
+        self.cache_admin = Counter("detgate_cache_admin", "Operator cache API calls, by operation (list, show, "
+                                   "delete, delete_matching).", ["op"], registry=r)
+        self.cache_admin_deleted = Counter("detgate_cache_admin_deleted", "Cache entries the operator deleted, by "
+                                           "how they were chosen (key, filter).", ["by"], registry=r)
         self._children: dict[tuple[str, str, str, str], tuple[Counter, Histogram]] = {}
         self._labelled: dict[tuple[Counter, str], Counter] = {}
 

@@ -9,7 +9,8 @@ import time
 from aiohttp import web
 
 from gateway.apis.surface import Surface
-from gateway.cache.entry import Entry
+from gateway.cache.entry import Entry, now_in_ms
+from gateway.cache.origin import fill_origin
 from gateway.cache.feed import Feed
 from gateway.cache.modes import MODE_CONTROLS
 from gateway.errors import ApiError, UpstreamError
@@ -107,7 +108,8 @@ def cached_route(surface: Surface):
             call = dataclasses.replace(call, spec=SINGLE)
             warn(headers, "no vote or schema check: a request passed through uncached is sent once")
         found = await find_or_fly(request, key, call, control,
-                                   _producer(call, gateway.client, drift, prepared.model, headers), headers,
+                                   _producer(call, gateway.client, drift, prepared, headers, app[SETTINGS].mode),
+                                   headers,
                                    asking(prepared, request.headers, surface.apart(call.body))
                                    if control != STATEFUL and prepared.parent is None else None)
         if isinstance(found, Entry):
@@ -120,11 +122,14 @@ def cached_route(surface: Surface):
     return handler
 
 
-def _producer(call: Call, client, drift: DriftMonitor, model: str, headers: dict[str, str]):
+def _producer(call: Call, client, drift: DriftMonitor, prepared: Prepared, headers: dict[str, str], mode: str):
     strategy = single if call.spec is SINGLE else choose
+    model = prepared.model
 
     async def produce(feed: Feed) -> Entry:
         entry = await strategy(call, client, feed)
+        # Who filled it and for what (the operator's cache API), built only on a fill.
+        entry = dataclasses.replace(entry, origin={**fill_origin(prepared, call, mode), "filled_at_ms": now_in_ms()})
         # Observed before the entry is stored, so that the answer which revealed a drift says
         # so (through `headers`, read once the flight lands; a stream's have left by then).
         event = await drift.observe(call.upstream.name, model, call.surface.fingerprint(entry.body))
@@ -156,7 +161,7 @@ async def _answer_split(request: web.Request, prepared: Prepared, control: str |
     if control != "only-if-cached" and request.app[SETTINGS].mode != "replay":
         _flag_hidden(request, prepared.split[0][1], headers)
     try:
-        results = await asyncio.gather(*(_part(request, key, call, control, prepared.model, headers)
+        results = await asyncio.gather(*(_part(request, key, call, control, prepared, headers)
                                          for key, call in parts))
     except UpstreamError as exc:
         request[CACHE] = "miss"
@@ -168,12 +173,13 @@ async def _answer_split(request: web.Request, prepared: Prepared, control: str |
     return respond(request, call.surface, entry, prepared.view, cache, headers)
 
 
-async def _part(request: web.Request, key: str, call: Call, control: str | None, model: str,
+async def _part(request: web.Request, key: str, call: Call, control: str | None, prepared: Prepared,
                 headers: dict[str, str]) -> tuple[Entry, str]:
     """One part of a split: (its entry, how it was found)."""
     app = request.app
     found = await find_or_fly(request, key, call, control,
-                               _producer(call, app[GATEWAY].client, app[DRIFT], model, headers), headers)
+                               _producer(call, app[GATEWAY].client, app[DRIFT], prepared, headers, app[SETTINGS].mode),
+                               headers)
     if isinstance(found, Entry):
         return found, "hit"
     flight, cache = found
