@@ -60,7 +60,9 @@ class Gateway:
                      # One fake speaks both wires: OpenAI's (Codex, the SDK) and, as an
                      # `anthropic` profile upstream, Anthropic's (Claude Code).
                      "--upstream", f"fake={upstream}/v1", "--upstream", f"claude={upstream}/v1#anthropic",
-                     "--passthrough-auth", "--redis-url", redis_url,
+                     # No tenants, no passthrough: as docs/agents.md sets it up, the agents'
+                     # own keys are placeholders and the entries everyone's.
+                     "--redis-url", redis_url,
                      "--secret", SECRET, "--mode", mode, "--log-level", "INFO", *extra]
         self.process: subprocess.Popen | None = None
 
