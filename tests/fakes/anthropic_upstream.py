@@ -8,6 +8,8 @@ checks for the cases the tests aim at: a key (`x-api-key`, or a bearer token) an
 family takes (the newest Claude models take none, the 4.5/4.6 generation not temperature
 and top_p together, extended thinking no temperature but 1 and no top_k). It can be told
 to fail, to send an `error` event or break a stream off, and it records what it was sent.
+A `container` must name one it made (else a 404); a request naming one, or offering the
+code execution tool, is answered with its container (a new one when none is named).
 
 Run alone (for benchmarks, taking calls without a key): python tests/fakes/anthropic_upstream.py --port 9001
 """
@@ -67,6 +69,7 @@ class FakeAnthropic:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.noise.seed)
+        self.containers: set[str] = set()
 
     def reset(self) -> None:
         # New objects, not cleared ones: a call still sleeping from an earlier test records
@@ -115,7 +118,17 @@ class FakeAnthropic:
         refused = _refused(body)
         if refused:
             return _error(400, refused)
+        container = body.get("container")
+        container = (container or {}).get("id") if isinstance(container, dict) else container
+        if container is not None and container not in self.containers:
+            return _error(404, f"container {container!r} not found")
         message = self._message(body)
+        if container is not None or any(str(t.get("type", "")).startswith("code_execution")
+                                        for t in body.get("tools") or ()):
+            if container is None:
+                container = f"container_{secrets.token_hex(12)}"
+                self.containers.add(container)
+            message["container"] = {"id": container, "expires_at": "2099-01-01T00:00:00Z"}
         if self.behaviour.error_200:
             return web.json_response(_error_body(529, "overloaded"), dumps=dumps)
         if not body.get("stream"):

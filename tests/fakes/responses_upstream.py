@@ -4,7 +4,11 @@ rest of fakes/openai_upstream.FakeUpstream, whose calls, behaviours and faults i
 Every call gets new ids, a new created_at and new text; every stream new delta chunking
 and `obfuscation` padding, written in random TCP pieces. Like OpenAI it keeps what it
 answered with `store` (the default), so `previous_response_id` must name a response it
-made (else a 404), and `GET` / `DELETE /v1/responses/{id}` work on it. It answers:
+made (else a 404), and `GET` / `DELETE /v1/responses/{id}` and `GET .../input_items` work
+on it; conversations (`POST /v1/conversations`) gather the turns of the responses that
+name them, and an `item_reference` must name an item it made or was sent. The response
+echoes `metadata`, `user`, `safety_identifier`, `prompt_cache_key`, `store` and
+`service_tier` as sent. It answers:
 - a JSON instance of `text.format`'s schema when one is asked for;
 - a function call (arguments made from the tool's schema) when function tools are
   offered, unless `tool_choice` is "none" or the input ends with a call's output;
@@ -26,15 +30,21 @@ from aiohttp import web
 
 from fakes.loopback import write_scattered
 
+
+def dumps(obj) -> str:
+    return orjson.dumps(obj).decode()
+
 if TYPE_CHECKING:
     from fakes.openai_upstream import FakeUpstream
 
 
 def mount(app: web.Application, fake: FakeUpstream) -> None:
-    responses = FakeResponses(fake)
+    responses = fake.responses = FakeResponses(fake)  # its stored state, for tests to look at
     app.router.add_post("/v1/responses", responses.create)
     app.router.add_get("/v1/responses/{id}", responses.retrieve)
     app.router.add_delete("/v1/responses/{id}", responses.delete)
+    app.router.add_get("/v1/responses/{id}/input_items", responses.input_items)
+    app.router.add_post("/v1/conversations", responses.new_conversation)
 
 
 def _dict(value: Any) -> dict:
@@ -50,6 +60,9 @@ class FakeResponses:
     def __init__(self, fake: FakeUpstream) -> None:
         self.fake = fake
         self.stored: dict[str, dict] = {}
+        self.inputs: dict[str, list[dict]] = {}  # a stored response's id -> its input items
+        self.items: dict[str, dict] = {}  # every item made or sent, by id
+        self.conversations: dict[str, list[dict]] = {}  # id -> its items, oldest first
 
     async def create(self, request: web.Request) -> web.StreamResponse:
         body, failure = await self.fake._begin(request)
@@ -59,14 +72,29 @@ class FakeResponses:
         if parent is not None and parent not in self.stored:
             return _error(404, f"Previous response with id '{parent}' not found.", "previous_response_id",
                           "previous_response_not_found")
+        conversation = body.get("conversation")
+        conversation = _dict(conversation).get("id") if isinstance(conversation, dict) else conversation
+        if conversation is not None and conversation not in self.conversations:
+            return _error(404, f"Conversation with id '{conversation}' not found.", "conversation", None)
+        given = body.get("input")
+        items = [{"id": self._id("msg"), "type": "message", "role": "user", "content": given}] \
+            if isinstance(given, str) else [_dict(item) for item in given or ()]
+        for item in items:
+            if item.get("type") == "item_reference" and item.get("id") not in self.items:
+                return _error(404, f"Item with id '{item.get('id')}' not found.", "input", None)
         how = _dict(body.get("metadata")).get("fake")
         if how == "error" and not body.get("stream"):
             return web.json_response({"error": {"message": "The server had an error processing your request.",
                                                 "type": "server_error", "param": None, "code": "server_error"}},
                                      status=500)
         response = self._response(body, how)
+        if conversation is not None:
+            response["conversation"] = {"id": conversation}
+            self.conversations[conversation] += [*items, *response["output"]]
         if body.get("store", True):
             self.stored[response["id"]] = response
+            self.inputs[response["id"]] = items
+            self.items.update((item["id"], item) for item in [*items, *response["output"]] if "id" in item)
         if not body.get("stream"):
             return await self.fake._whole(request, response)
         return await self._stream(request, self._events(response, how))
@@ -76,6 +104,19 @@ class FakeResponses:
         if found is None:
             return _error(404, "Response not found.", None, "not_found")
         return web.json_response(found, dumps=lambda o: orjson.dumps(o).decode())
+
+    async def input_items(self, request: web.Request) -> web.Response:
+        found = self.inputs.get(request.match_info["id"])
+        if found is None:
+            return _error(404, "Response not found.", None, "not_found")
+        return web.json_response({"object": "list", "data": found, "has_more": False}, dumps=dumps)
+
+    async def new_conversation(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read() or b"{}")
+        made = {"id": self._id("conv"), "object": "conversation", "created_at": int(time.time()),
+                "metadata": _dict(body.get("metadata"))}
+        self.conversations[made["id"]] = [_dict(item) for item in body.get("items") or ()]
+        return web.json_response(made, dumps=dumps)
 
     async def delete(self, request: web.Request) -> web.Response:
         if self.stored.pop(request.match_info["id"], None) is None:
@@ -130,7 +171,9 @@ class FakeResponses:
             "tools": body.get("tools") or [], "top_p": body.get("top_p", 1.0), "truncation": "disabled",
             "usage": {"input_tokens": 11, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": words,
                       "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 11 + words},
-            "user": None, "metadata": body.get("metadata") or {},
+            "user": body.get("user"), "safety_identifier": body.get("safety_identifier"),
+            "prompt_cache_key": body.get("prompt_cache_key"), "service_tier": body.get("service_tier") or "default",
+            "metadata": body.get("metadata") or {},
         }
 
     def _tool(self, body: dict) -> dict | None:
