@@ -29,6 +29,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batched-tokens", type=int, default=4096, help="tokens per engine step")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="prompt plus completion, in tokens (default: the checkpoint's max_position_embeddings)")
+    p.add_argument("--chat-template", help="a jinja chat template file served in place of the checkpoint's "
+                   "(one that renders `tools`, for a model whose own does not)")
     p.add_argument("--gpu-memory-fraction", type=float, default=0.85)
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
     p.add_argument("--audit-rate", type=float, default=0.0,
@@ -51,7 +53,8 @@ def main(argv: list[str]) -> None:
             model=args.model, device=args.device, mode=args.mode, max_batch=args.max_batch, kv_blocks=args.kv_blocks,
             block_size=args.block_size, chunk_size=args.chunk_size, max_batched_tokens=args.max_batched_tokens,
             max_model_len=args.max_model_len, cuda_graphs=not args.no_cuda_graphs,
-            gpu_memory_fraction=args.gpu_memory_fraction, audit_rate=args.audit_rate)
+            gpu_memory_fraction=args.gpu_memory_fraction, audit_rate=args.audit_rate,
+            chat_template=args.chat_template)
     except ValueError as e:
         p.error(str(e))
     try:

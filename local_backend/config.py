@@ -138,11 +138,14 @@ class ModelConfig:
         )
 
 
-def settings_digest(path: str | Path) -> str:
-    """A digest of the bytes of every SETTINGS_FILES file present (absent ones count as absent)."""
+def settings_digest(path: str | Path, chat_template: str | Path | None = None) -> str:
+    """A digest of the bytes of every SETTINGS_FILES file present (absent ones count as absent),
+    and of the chat template the operator put in the checkpoint's place, if any."""
     digest = xxhash.xxh3_128()
-    for name in SETTINGS_FILES:
-        file = Path(path) / name
+    files = [(name, Path(path) / name) for name in SETTINGS_FILES]
+    if chat_template is not None:
+        files.append(("--chat-template", Path(chat_template)))
+    for name, file in files:
         data = file.read_bytes() if file.exists() else None
         digest.update(f"{name}|{-1 if data is None else len(data)}|".encode())
         digest.update(data or b"")
@@ -164,6 +167,7 @@ class EngineConfig:
     prefix_caching: bool | None = None   # None: on with a GPU; off on the CPU (see Engine)
     gpu_memory_fraction: float = 0.85
     audit_rate: float = 0.0
+    chat_template: str | None = None   # a template file served in place of the checkpoint's
 
     def __post_init__(self):
         if self.chunk_size % self.block_size:

@@ -1,12 +1,15 @@
 """The OpenAI request bodies this server accepts, and its error shape.
 
 Validation is strict (a string is not a number) and complete before anything reaches
-the engine. Parameters that OpenAI defines but this backend cannot honour are refused
-with a 400 naming the parameter, rather than silently ignored; unknown extra fields
-(`user`, `metadata`, ...) are accepted and have no effect.
+the engine. The fields a request may hold are an allow-list: those the backend implements,
+those that cannot change an answer (NO_EFFECT: `user`, `metadata`, ...), and those it
+implements only at their neutral value (UNSUPPORTED); anything else is a 400 naming it, so
+that no parameter a client sends (vLLM's `repetition_penalty`, `guided_json`, ...) is silently
+ignored.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -31,12 +34,21 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "logit_bias": (None, {}),
-    "tools": (None, []),
     "functions": (None, []),
-    "tool_choice": (None, "none"),
-    "response_format": (None, {"type": "text"}),
+    "function_call": (None, "none"),
     "suffix": (None, ""),
+    # vLLM's: a penalty over the tokens so far, and a floor relative to the top token's
+    # probability, would each need a pass over the vocabulary in the batch-invariant sampler
+    "repetition_penalty": (None, 1, 1.0),
+    "min_p": (None, 0, 0.0),
+    "continue_final_message": (None, False),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "modalities": (None, ["text"]),
 }
+# Fields that cannot change the tokens of an answer: accepted, and without effect.
+NO_EFFECT = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+                       "spaces_between_special_tokens"})
 
 
 class StreamOptions(BaseModel):
@@ -56,11 +68,17 @@ class _Common(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = False                  # an extension (vLLM's), for benchmarks
+    min_tokens: int | None = Field(None, ge=0)       # an extension (vLLM's): end-of-sequence banned before
 
     @model_validator(mode="before")
     @classmethod
     def refuse_unsupported(cls, data):
         if isinstance(data, dict):
+            unknown = sorted(set(data) - set(cls.model_fields) - NO_EFFECT - set(UNSUPPORTED))
+            if unknown:
+                raise APIError(400, f"unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
+                               f"this backend does not implement {'them' if len(unknown) > 1 else 'it'}",
+                               param=unknown[0], code="unknown_parameter")
             for name, off in UNSUPPORTED.items():
                 if name in data and data[name] not in off:
                     raise APIError(400, f"{name}={data[name]!r} is not supported: this backend only accepts "
@@ -82,20 +100,109 @@ class TextPart(BaseModel):
     text: str
 
 
+# Message fields that say nothing a template renders: accepted when empty (SDKs echo an
+# assistant message back with them), refused otherwise.
+MESSAGE_EMPTY_ONLY = ("refusal", "annotations", "audio", "function_call")
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None      # an assistant's earlier calls
+    tool_call_id: str | None = None               # a tool result's call
+    reasoning_content: str | None = None          # an earlier turn's thinking, for templates that render it
+
+    @model_validator(mode="after")
+    def known_fields(self):
+        for name, value in (self.model_extra or {}).items():
+            if name not in MESSAGE_EMPTY_ONLY or value not in (None, [], ""):
+                raise APIError(400, f"message field {name} is not supported by this backend", param=name,
+                               code="unknown_parameter")
+        return self
 
     def for_template(self) -> dict:
+        """The message as chat templates read it (transformers' apply_chat_template form); a
+        call's arguments as the object they encode, as templates print them with tojson."""
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         out = {"role": self.role, "content": content or ""}
-        if self.name is not None:
-            out["name"] = self.name
+        for field in ("name", "tool_call_id", "reasoning_content"):
+            if getattr(self, field) is not None:
+                out[field] = getattr(self, field)
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _arguments(c.function.arguments)}} for c in self.tool_calls]
         return out
+
+
+def _arguments(text: str):
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: str
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise APIError(400, "response_format.json_schema is required with type json_schema, and only then",
+                           param="response_format.json_schema")
+        return self
 
 
 class ChatRequest(_Common):
@@ -104,12 +211,38 @@ class ChatRequest(_Common):
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     prompt_logprobs: int | None = Field(None, ge=0, le=20)   # an extension (vLLM's)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM's template extensions: whether to open the assistant's turn, variables the
+    # template reads (Qwen3's enable_thinking), documents for templates that render them
+    add_generation_prompt: bool | None = True
+    chat_template_kwargs: dict | None = None
+    documents: list[dict] | None = None
 
     @model_validator(mode="after")
-    def top_needs_logprobs(self):
+    def consistent(self):
         if self.top_logprobs and not self.logprobs:
             raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise APIError(400, "tools: two tools have the same name", param="tools")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise APIError(400, f"tool_choice names the function {choice.function.name!r}, which is not among "
+                           f"the tools declared ({', '.join(names) or 'none'})", param="tool_choice")
+        if choice == "required" and not names:
+            raise APIError(400, "tool_choice 'required' needs at least one tool", param="tool_choice")
+        if self.tools and self.response_format is not None and self.response_format.type != "text" \
+                and choice != "none":
+            raise APIError(400, "response_format with tools is not supported: a constrained answer cannot also "
+                           "call a tool (set tool_choice to 'none')", param="response_format")
         return self
+
+    def calls_tools(self) -> bool:
+        """Whether tool calls are parsed out of the answer."""
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 class CompletionRequest(_Common):

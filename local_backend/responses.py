@@ -13,6 +13,7 @@ import orjson
 from aiohttp import web
 
 from local_backend.engine.client import EngineClient
+from local_backend import tool_calls
 from local_backend.engine.messages import Event, Sample
 from local_backend.protocol import APIError
 from local_backend.sampling_params import SamplingParams
@@ -217,16 +218,39 @@ class Handler:
 
 
 class ChatHandler(Handler):
+    """A chat answer; with tools, the calls in it (tool_calls.py) become OpenAI tool_calls, and a
+    stream sends text as content only up to where a call may begin, the calls at the end."""
     object_full, object_chunk, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
+
+    def __init__(self, *args, tool_kind: str | None = None):
+        super().__init__(*args)
+        self.tool_kind = tool_kind
+        self.held = ""   # streamed text not yet sent: a tool call may have begun in it
+        self.sent = ""   # streamed text sent as content
 
     def logprobs(self, logprob_events: list[Event] | None) -> dict | None:
         if logprob_events is None:
             return None
         return {"content": [chat_logprob(self.gen, e) for e in logprob_events]}
 
+    def message(self, text: str) -> tuple[dict, str | None]:
+        """The message (or delta) an answer's text makes, and the finish reason it implies."""
+        reason = self.gen.finish_reason
+        if self.tool_kind is None:
+            return {"content": text}, reason
+        content, calls = tool_calls.parse(self.tool_kind, text)
+        if not calls:
+            return {"content": text}, reason
+        digest = tool_calls.prompt_digest(self.prompt)
+        return {"content": content or None, "tool_calls": [
+            {"id": tool_calls.call_id(self.params.seed, digest, i), "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(calls)]}, \
+            "tool_calls" if reason == "stop" else reason
+
     def choice(self, text: str, logprob_events: list[Event] | None) -> dict:
-        return {"index": 0, "message": {"role": "assistant", "content": text},
-                "logprobs": self.logprobs(logprob_events), "finish_reason": self.gen.finish_reason}
+        message, reason = self.message(text)
+        return {"index": 0, "message": {"role": "assistant", **message},
+                "logprobs": self.logprobs(logprob_events), "finish_reason": reason}
 
     def first_chunk(self) -> dict:
         return {**self.envelope(self.object_chunk),
@@ -239,9 +263,31 @@ class ChatHandler(Handler):
                                                                              self.prompt_entries, k)}
 
     def chunk(self, delta: str, logprob_events, finish_reason) -> dict:
+        if self.tool_kind is not None:
+            delta, finish_reason = self.tool_delta(delta, finish_reason)
+        else:
+            delta = {"content": delta} if delta else {}
         return {**self.envelope(self.object_chunk),
-                "choices": [{"index": 0, "delta": {"content": delta} if delta else {},
-                             "logprobs": self.logprobs(logprob_events), "finish_reason": finish_reason}]}
+                "choices": [{"index": 0, "delta": delta, "logprobs": self.logprobs(logprob_events),
+                             "finish_reason": finish_reason}]}
+
+    def tool_delta(self, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
+        """The delta of a stream that may call tools: text while no call can have begun, the rest
+        parsed once the answer is whole (the same parse as the body's)."""
+        self.held += text
+        if finish_reason is None:
+            cut = tool_calls.may_start_call(self.tool_kind, self.held)
+            sent, self.held = self.held[:cut], self.held[cut:]
+            self.sent += sent
+            return ({"content": sent} if sent else {}), None
+        whole = self.sent + self.held
+        message, reason = self.message(whole)
+        if "tool_calls" in message:
+            # The content before the calls was sent already, or is sent here.
+            rest = (message["content"] or "")[len(self.sent):]
+            delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]}
+            return ({"content": rest, **delta} if rest else delta), reason
+        return ({"content": self.held} if self.held else {}), reason
 
 
 class CompletionHandler(Handler):

@@ -15,3 +15,5 @@ class SamplingParams:
     ignore_eos: bool = False
     defaults: tuple[tuple[str, float | int], ...] = ()  # (name, value) from generation_config.json, for the response
     prompt_logprobs: int | None = None  # None: none; k >= 0: every prompt token's logprob (but the first's) and top k
+    min_tokens: int = 0        # end-of-sequence is masked out before this many tokens
+    grammar: str | None = None  # llguidance grammar the answer is constrained to (local_backend/grammar.py)

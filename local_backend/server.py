@@ -15,8 +15,9 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from local_backend import grammar, tool_calls
 from local_backend.engine.client import EngineClient
-from local_backend.protocol import APIError, ChatRequest, CompletionRequest, parse
+from local_backend.protocol import APIError, ChatRequest, CompletionRequest, NamedToolChoice, parse
 from local_backend.responses import ChatHandler, CompletionHandler, json_response, respond
 from local_backend.sampling_params import SamplingParams
 from local_backend.tokenizer import TemplateError
@@ -69,7 +70,7 @@ def check_model(request: web.Request, model: str) -> None:
 
 
 def sampling_params(req, engine: EngineClient, prompt_len: int, max_tokens: int | None, logprobs: int | None,
-                    prompt_logprobs: int | None = None):
+                    prompt_logprobs: int | None = None, constraint: str | None = None):
     if max_tokens is None:
         max_tokens = engine.info.max_model_len - prompt_len
     problem = engine.info.capacity_error(prompt_len, max_tokens)
@@ -87,21 +88,67 @@ def sampling_params(req, engine: EngineClient, prompt_len: int, max_tokens: int 
         defaults=tuple(defaults.items()),
         logprobs=logprobs,
         ignore_eos=bool(req.ignore_eos),
-        prompt_logprobs=prompt_logprobs)
+        prompt_logprobs=prompt_logprobs,
+        min_tokens=req.min_tokens or 0,
+        grammar=constraint)
+
+
+# Template variables a request's chat_template_kwargs may not set: the server sets them.
+RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token")
+
+
+def render_args(req: ChatRequest, engine: EngineClient) -> dict:
+    """What the chat template is rendered with, as transformers' apply_chat_template passes it."""
+    variables = dict(req.chat_template_kwargs or {})
+    reserved = sorted(set(variables) & set(RESERVED_TEMPLATE_VARIABLES))
+    if reserved:
+        raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs")
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    if req.calls_tools() and "tools" not in engine.tokenizer.renders:
+        raise APIError(400, "this model's chat template does not render tools, so the model would not know them; "
+                       "serve it with --chat-template naming one that does", param="tools")
+    return dict(tools=tools, documents=req.documents, add_generation_prompt=req.add_generation_prompt is not False,
+                variables=variables)
+
+
+def constraint(req: ChatRequest, engine: EngineClient, kind: str | None) -> str | None:
+    """The grammar the answer is held to, if any; a 400 naming the field for one that does not compile."""
+    choice, fmt = req.tool_choice, req.response_format
+    if req.tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
+        tools = req.tools if choice == "required" else [t for t in req.tools if t.function.name == choice.function.name]
+        try:
+            return engine.grammar_checked(tool_calls.call_grammar(kind, tools, choice == "required"
+                                                                  and req.parallel_tool_calls is not False))
+        except grammar.GrammarError as e:
+            raise APIError(400, f"a tool's parameters cannot be compiled to a grammar: {e}", param="tools") from None
+    if fmt is None or fmt.type == "text":
+        return None
+    schema = fmt.json_schema.schema_ if fmt.type == "json_schema" else None
+    field = "response_format.json_schema.schema" if fmt.type == "json_schema" else "response_format"
+    try:
+        return engine.grammar_checked(grammar.json_object() if schema is None else grammar.json_schema(schema))
+    except grammar.GrammarError as e:
+        raise APIError(400, f"the schema cannot be compiled to a grammar: {e}", param=field) from None
 
 
 async def chat_completions(request: web.Request):
     engine = request.app[ENGINE]
     req: ChatRequest = parse(ChatRequest, await read_body(request))
     check_model(request, req.model)
+    kind = tool_calls.family(engine.tokenizer.template_source) if req.calls_tools() else None
+    if req.calls_tools() and kind is None:
+        raise APIError(400, "this model's chat template teaches no tool-call form this backend parses "
+                       "(<tool_call> blocks, or Llama 3's JSON calls)", param="tools")
+    args = render_args(req, engine)
     try:
-        prompt = engine.tokenizer.encode_chat([m.for_template() for m in req.messages])
+        prompt = engine.tokenizer.encode_chat([m.for_template() for m in req.messages], **args)
     except TemplateError as e:
         raise APIError(400, str(e), param="messages") from None
     max_tokens = req.max_completion_tokens or req.max_tokens
     top = req.top_logprobs or 0
-    params = sampling_params(req, engine, len(prompt), max_tokens, top if req.logprobs else None, req.prompt_logprobs)
-    return await respond(ChatHandler(request, engine, request.app[MODEL_NAME], req, prompt, params))
+    params = sampling_params(req, engine, len(prompt), max_tokens, top if req.logprobs else None, req.prompt_logprobs,
+                             constraint(req, engine, kind))
+    return await respond(ChatHandler(request, engine, request.app[MODEL_NAME], req, prompt, params, tool_kind=kind))
 
 
 async def completions(request: web.Request):
@@ -128,7 +175,16 @@ def announcement(engine: EngineClient) -> dict:
     kernels of standard mode do not, so there it asks to be treated as any other server."""
     return {"profile": "whitebox" if engine.config.mode == "invariant" else "generic-openai-compatible",
             "mode": engine.config.mode, "system_fingerprint": engine.info.fingerprint,
-            "kernel_version": engine.info.kernel_version}
+            "kernel_version": engine.info.kernel_version, "features": features(engine)}
+
+
+def features(engine: EngineClient) -> list[str]:
+    """What a gateway may rely on: `strict_json` means a strict schema is enforced by the decoder,
+    so an answer that finished by stopping is valid JSON of its schema (no retries needed)."""
+    out = ["structured_outputs", "strict_json", "min_tokens"]
+    if tool_calls.family(engine.tokenizer.template_source) and "tools" in engine.tokenizer.renders:
+        out.append("tools")
+    return sorted(out)
 
 
 async def models(request: web.Request):

@@ -3,8 +3,8 @@
 The template is rendered the way transformers renders it: a sandboxed jinja2
 environment with trim_blocks/lstrip_blocks, the loopcontrols extension, a `tojson`
 that keeps non-ASCII text, and the variables templates expect (`raise_exception`,
-`strftime_now`, `bos_token`, `eos_token`, `add_generation_prompt`, and `tools` and
-`documents` as None: this server takes no tools).
+`strftime_now`, `bos_token`, `eos_token`, `add_generation_prompt`, `tools` and
+`documents` as given, and the request's chat_template_kwargs).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.sandbox
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -43,17 +44,26 @@ def _special(value) -> str | None:
     return value
 
 
-def compile_template(source: str) -> jinja2.Template:
+def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-    return env.from_string(source)
+    return env
+
+
+def compile_template(source: str) -> jinja2.Template:
+    return _environment().from_string(source)
+
+
+def template_variables(source: str) -> set[str]:
+    """The variables a template reads from its caller (`tools`, `documents`, ...)."""
+    return jinja2.meta.find_undeclared_variables(_environment().parse(source))
 
 
 class Tokenizer:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, chat_template: str | Path | None = None):
         path = Path(path)
         file = path / "tokenizer.json"
         if not file.exists():
@@ -72,8 +82,12 @@ class Tokenizer:
             where += "[default]"
         if (path / "chat_template.jinja").exists():
             source, where = (path / "chat_template.jinja").read_text(), str(path / "chat_template.jinja")
+        if chat_template is not None:   # the operator's (--chat-template), over the checkpoint's
+            source, where = Path(chat_template).read_text(), str(chat_template)
+        self.template_source = source
         try:
             self.template = compile_template(source) if source else None
+            self.renders = template_variables(source) if source else set()
         except jinja2.TemplateSyntaxError as e:
             raise CheckpointError(f"{where}: the chat template does not compile (line {e.lineno}: {e})") from None
 
@@ -87,13 +101,15 @@ class Tokenizer:
     def eos_token_id(self) -> int | None:
         return None if self.eos_token is None else self.tok.token_to_id(self.eos_token)
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+                    documents: list[dict] | None = None, variables: dict | None = None) -> str:
         if self.template is None:
             raise TemplateError(NO_TEMPLATE)
         try:
             return self.template.render(
-                messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+                **(variables or {}), messages=messages, tools=tools, documents=documents,
+                add_generation_prompt=add_generation_prompt, bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "")
         except TemplateError:
             raise
         except jinja2.TemplateError as e:
@@ -102,9 +118,9 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], **render) -> list[int]:
         # The template already writes any BOS it wants, as transformers' apply_chat_template assumes.
-        return self.encode(self.render_chat(messages), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, **render), add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)

@@ -14,6 +14,7 @@ import itertools
 
 from local_backend.config import EngineConfig, ModelConfig
 from local_backend.engine.messages import Event, Lot
+from local_backend.grammar import Grammars
 from local_backend.metrics import Metrics
 from local_backend.protocol import APIError
 from local_backend.sampling_params import SamplingParams
@@ -55,12 +56,29 @@ class EngineClient:
         self.config: EngineConfig = link.config
         self.info = link.info
         self.model_config = ModelConfig.from_dir(self.config.model)
-        self.tokenizer = Tokenizer(self.config.model)
+        self.tokenizer = Tokenizer(self.config.model, self.config.chat_template)
         self.last_error: str | None = None
+        self._grammars = None
         self._mailboxes: dict[int, Mailbox] = {}
         self._ids = itertools.count()
         self._running = False
         metrics.kv_blocks_total.set(self.info.num_blocks)
+
+    def grammar_checked(self, grammar_text: str) -> str:
+        """The grammar, once it compiled here (a GrammarError names what is wrong): the engine
+        then never meets one it cannot compile."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer.tok.to_str(), self.model_config.vocab_size,
+                                      sorted(self.eos_token_ids))
+        self._grammars.compiled(grammar_text)
+        return grammar_text
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        eos = set(self.model_config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        return frozenset(eos)
 
     @property
     def alive(self) -> bool:

@@ -37,9 +37,11 @@ from local_backend.engine.block_manager import BlockManager
 from local_backend.engine.messages import EngineInfo, Event, StepStats
 from local_backend.engine.model_runner import Launched, ModelRunner
 from local_backend.engine.outbox import Outbox
+from local_backend.engine.row_mask import RowMask
 from local_backend.engine.scheduler import Scheduled, Scheduler
 from local_backend.engine.sequence import PENDING, Sequence, Status
 from local_backend.errors import CheckpointError
+from local_backend.grammar import Grammars
 from local_backend.loader import load_weights
 from local_backend.models.qwen3_moe import model_class
 from local_backend.sampling_params import SamplingParams
@@ -126,7 +128,7 @@ class Engine:
         self.prefix_caching = gpu if config.prefix_caching is None else config.prefix_caching
         kernels.set_mode(config.mode)
         self.model_config = cfg = ModelConfig.from_dir(config.model)
-        self.tokenizer = Tokenizer(config.model)
+        self.tokenizer = Tokenizer(config.model, config.chat_template)
         self.tokenizer.check_vocab(cfg.vocab_size)
         if config.mode == "invariant" and gpu:
             problem = attention_layout_problem(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
@@ -139,7 +141,7 @@ class Engine:
         self.max_model_len = serving_length(config, cfg)
         weights, digest = load_weights(config.model, cfg, str(self.device), self.dtype)
         self.toolchain = kernels.toolchain(self.device)
-        self.fingerprint = fingerprint(digest, settings_digest(config.model), config.mode, self.dtype,
+        self.fingerprint = fingerprint(digest, settings_digest(config.model, config.chat_template), config.mode, self.dtype,
                                        device_arch(self.device), self.toolchain, config.chunk_size)
         model = model_class(cfg)(cfg, weights, self.max_model_len)
         self.num_blocks = kv_block_count(config, cfg, self.max_model_len, self.device, self.dtype)
@@ -162,6 +164,21 @@ class Engine:
         # The prefix cache's lookups and hits, and the outbox's wait, when the last StepStats
         # was written: each StepStats carries what accrued since (the metrics only sum them).
         self._counted = (0, 0, 0.0)
+        self._grammars: Grammars | None = None
+
+    @property
+    def grammars(self) -> Grammars:
+        """Compiled grammars of constrained requests, built at the first (the tokenizer's index
+        takes a while to build)."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer.tok.to_str(), self.model_config.vocab_size,
+                                      sorted(self.eos_token_ids))
+        return self._grammars
+
+    def _mask(self, params: SamplingParams) -> RowMask | None:
+        if not RowMask.wanted(params):
+            return None
+        return RowMask(params, self.eos_token_ids, self.grammars if params.grammar is not None else None)
 
     def info(self) -> EngineInfo:
         return EngineInfo(self.fingerprint, kernels.KERNEL_VERSION, self.toolchain, str(self.device),
@@ -220,7 +237,8 @@ class Engine:
             _, request_id, prompt, params = command
             # Prompt logprobs need every prompt position computed, none served from the cache.
             seq = Sequence(next(self._ids), list(prompt), len(prompt), params, request_id=request_id,
-                           use_prefix_cache=self.prefix_caching and params.prompt_logprobs is None)
+                           use_prefix_cache=self.prefix_caching and params.prompt_logprobs is None,
+                           mask=self._mask(params))
             self._seqs[seq.seq_id] = self._requests[request_id] = seq
             self.scheduler.add(seq)
         elif command[0] == "abort" and command[1] in self._requests:
@@ -230,7 +248,8 @@ class Engine:
         seq_id = next(self._ids)
         params = dataclasses.replace(audit.params, max_tokens=len(audit.served), ignore_eos=True,
                                      prompt_logprobs=None)
-        seq = Sequence(seq_id, list(audit.prompt), len(audit.prompt), params, use_prefix_cache=False, alone=True)
+        seq = Sequence(seq_id, list(audit.prompt), len(audit.prompt), params, use_prefix_cache=False, alone=True,
+                       mask=self._mask(params))
         self._seqs[seq_id] = seq
         self._auditing[seq_id] = audit
         self.scheduler.add(seq)
@@ -241,6 +260,10 @@ class Engine:
             self._clock = time.perf_counter()
         previous, self._in_flight = self._in_flight, None
         try:
+            if previous and previous.run.staged.follows_tokens:
+                # A grammar's mask needs the token before it: this step is not staged ahead.
+                self._collect(previous)
+                previous = None
             scheduled = self.scheduler.schedule()
             launched = self._launch(scheduled) if scheduled else None
             if previous:
@@ -293,6 +316,8 @@ class Engine:
                 generated += 1
                 if sample.token in self.eos_token_ids and not seq.params.ignore_eos:
                     reason = "stop"
+                elif seq.mask is not None and not seq.mask.consume(sample.token):
+                    reason = "stop"   # the grammar is complete: nothing may follow
                 elif self._ends_by_length(seq, at + 1):
                     reason = "length"
             first = at is None or at == seq.num_prompt_tokens

@@ -84,6 +84,8 @@ class _Staged:
     filtered: bool                # some sampled row uses top-k / top-p
     logprobs: bool                # some sampled row wants logprobs
     scored: list                  # (Scheduled, its first hidden row) of each item that asks for prompt logprobs
+    masked: bool = False          # some sampled row is constrained (RowMask): the head masks its logits
+    follows_tokens: bool = False  # some row's mask needs this step's token before the next step stages
 
 
 @dataclasses.dataclass
@@ -127,7 +129,11 @@ class ModelRunner:
             ("tokens", (max_batch,), torch.int64), ("chosen", (max_batch,), torch.float32),
             ("top_lp", (max_batch, TOP_LOGPROBS), torch.float32), ("top_ids", (max_batch, TOP_LOGPROBS), torch.int64))},
             [torch.cuda.Event(enable_timing=True) for _ in range(3)] if gpu else None) for _ in range(2)]
-        self._slot = 0
+        # Token masks of constrained rows (engine/row_mask.py), one host buffer per slot as above.
+        words = -(-cfg.vocab_size // 32)
+        self.masks_host = [torch.full((max_batch, words), -1, dtype=torch.int32, pin_memory=gpu) for _ in range(2)]
+        self.masks = torch.full((max_batch, words), -1, dtype=torch.int32, device=self.device)
+        self._slot = self._slot_staging = 0
         self._in_flight = [False, False]
         self.stream = torch.cuda.current_stream(self.device) if gpu else None   # looked up once: ~30 us a call
         self.forward_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}   # (batch, kv bound)
@@ -230,10 +236,17 @@ class ModelRunner:
         h["top_k"][:n] = [x.top_k for x in p]
         h["top_p"][:n] = [x.top_p for x in p]
         vocab = self.model.cfg.vocab_size
+        masks = [(j, seq) for j, seq in enumerate(sampled) if seq.mask is not None]
+        if masks:
+            host = self.masks_host[self._slot_staging].numpy()
+            host[:n] = -1
+            for j, seq in masks:
+                seq.mask.fill(host[j], len(seq.token_ids) - seq.num_prompt_tokens)
         return _Staged(t, s, sampled, max(item.num_tokens for item in scheduled), max(kv_lens),
                        # Known here from the requests' parameters, without a device sync.
                        filtered=any(row_filters(x.temperature, x.top_k, x.top_p, vocab) for x in p),
-                       logprobs=any(x.logprobs is not None for x in p), scored=scored)
+                       logprobs=any(x.logprobs is not None for x in p), scored=scored, masked=bool(masks),
+                       follows_tokens=any(seq.mask.follows_tokens for _, seq in masks))
 
     # ---- the forward pass ----------------------------------------------------------
 
@@ -270,10 +283,14 @@ class ModelRunner:
 
     # ---- logits, sampling, logprobs ------------------------------------------------
 
-    def _head(self, n: int, filtered: bool, logprobs: bool):
-        """Tokens of hidden rows `rows[:n]`; with logprobs, each token's and the top TOP_LOGPROBS."""
+    def _head(self, n: int, filtered: bool, logprobs: bool, masked: bool = False):
+        """Tokens of hidden rows `rows[:n]`; with logprobs, each token's and the top TOP_LOGPROBS.
+        masked: the rows' token masks (`masks`) apply first; logprobs are then of the masked
+        distribution, the one the token was drawn from."""
         d = self.inputs.dev
         logits = self.model.logits(self.hidden.index_select(0, d["rows"][:n]))
+        if masked:
+            logits = kernels.apply_token_mask(logits, self.masks[:n])
         tokens = kernels.sample(logits, d["seeds"][:n], d["steps"][:n], d["temperature"][:n], d["top_k"][:n],
                                 d["top_p"][:n], filtered=filtered)
         self.sampled[:n].copy_(tokens)
@@ -346,10 +363,15 @@ class ModelRunner:
             raise RuntimeError("two steps are already in flight")
         self._slot = 1 - slot
         self.inputs.use(slot)
+        self._slot_staging = slot
         outputs_host, marks = self.slots[slot]
         staged = self._stage(scheduled)
         self._ahead_rows = {seq: j for j, seq in enumerate(staged.sampled)}
-        forward, prefill, head = self._forward_graph(staged), self._prefill_graph(staged), self._head_graph(staged)
+        forward, prefill = self._forward_graph(staged), self._prefill_graph(staged)
+        head = None if staged.masked else self._head_graph(staged)   # masked heads run eagerly
+        if staged.masked:
+            n = len(staged.sampled)
+            self.masks[:n].copy_(self.masks_host[slot][:n], non_blocking=True)
         if forward:
             self._pad(staged.seqs, forward[0], staged.tokens, forward[0])
         if prefill:
@@ -377,7 +399,7 @@ class ModelRunner:
             head_graph, outputs = self.head_graphs[head]
             head_graph.replay()
         elif staged.sampled:
-            outputs = self._head(len(staged.sampled), staged.filtered, staged.logprobs)
+            outputs = self._head(len(staged.sampled), staged.filtered, staged.logprobs, staged.masked)
         n = len(staged.sampled)
         for name, out in zip(OUTPUTS, outputs):
             outputs_host[name][:n].copy_(out[:n], non_blocking=True)

@@ -32,6 +32,7 @@ class Sequence:
     block_hashes: list[int] = dataclasses.field(default_factory=list)  # chained hashes of full computed blocks
     prompt_logprobs: list = dataclasses.field(default_factory=list)    # Samples of prompt tokens 1.., as scored
     last_in_flight: bool = False   # its last token (by max_tokens or the context) is being sampled: nothing to schedule
+    mask: object = None            # engine/row_mask.RowMask when its draws are constrained
 
     def drop_pending(self) -> None:
         """Forget the tokens still being sampled (the sequence ended before they were read)."""

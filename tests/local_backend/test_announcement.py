@@ -22,7 +22,8 @@ async def test_models_announce_the_whitebox_profile(qwen3):
     assert model["owned_by"] == "detgate"
     assert model["detgate"] == {"profile": "whitebox", "mode": "invariant",
                                 "system_fingerprint": qwen3.engine.fingerprint,
-                                "kernel_version": kernels.KERNEL_VERSION}
+                                "kernel_version": kernels.KERNEL_VERSION,
+                                "features": ["min_tokens", "strict_json", "structured_outputs"]}
 
 
 async def test_every_response_names_the_backend(qwen3):
