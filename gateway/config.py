@@ -177,7 +177,7 @@ class Settings(BaseModel):
     cache_failure: Literal["fail-open", "fail-closed"] = "fail-open"
     store_timeout_s: float = Field(1.0, gt=0)  # one store operation; a hung Redis costs no more
     upstream_connect_timeout_s: float = Field(10.0, gt=0)
-    upstream_idle_timeout_s: float = Field(120.0, gt=0)  # silence allowed before a first byte or between chunks
+    upstream_idle_timeout_s: float = Field(120.0, gt=0)  # a stream's silence allowed before a first byte or between chunks
     upstream_max_attempts: int = Field(3, ge=1, le=10)
     upstream_concurrency: int = Field(512, ge=1)  # calls in flight per upstream
     upstream_queue: int = Field(1024, ge=0)  # calls waiting for one of those slots

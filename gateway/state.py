@@ -43,3 +43,5 @@ MODEL = web.RequestKey("model", str)
 CACHE = web.RequestKey("cache", str)
 KEY = web.RequestKey("key", str)
 TENANT = web.RequestKey("tenant", str)
+# Warnings found once a stream's headers had left (an answer not stored): for the access log.
+LATE_WARNINGS = web.RequestKey("late_warnings", str)

@@ -9,8 +9,8 @@ works. The others poll for the entry; when the lock disappears without an entry 
 holder failed, or died and its lease ran out) one of them takes over.
 
 The flight decides what is stored, by the store rules (gateway/cache/storing.py): an
-answer they decline is handed to its waiters all the same and the lock is released
-without an entry, so the next request asks again.
+answer they decline, or its strategy rejected, is handed to its waiters all the same and
+the lock is released without an entry, so the next request asks again.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Awaitable, Callable
 from gateway.cache.entry import CorruptEntry, Entry, Sealer, TamperedEntry, now_in_ms
 from gateway.cache.feed import Feed
 from gateway.cache.store import Store, StoreError
-from gateway.cache.storing import StoreRules
+from gateway.cache.storing import StoreRules, rejection
 
 Produce = Callable[[Feed], Awaitable[Entry]]
 
@@ -93,9 +93,11 @@ class SingleFlight:
                 raise
             finally:
                 heartbeat.cancel()
-            declined = self.rules.declines(entry)
+            rejected = rejection(entry)
+            declined = rejected or self.rules.declines(entry)
             if declined is not None:
-                self._on_declined(entry)
+                if rejected is None:  # counted by finish class; a rejection, by its strategy
+                    self._on_declined(entry)
                 await self._safely("unlock", self.store.unlock(key, self.owner))
                 return Outcome(entry, filled=True, stored=False, declined=declined)
             stored, entry = await self._commit(key, entry, overwrite, ttl_ms)

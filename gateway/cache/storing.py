@@ -24,6 +24,14 @@ if TYPE_CHECKING:
     from gateway.config import Settings
 
 FINISHES = frozenset({"stop", "length", "content_filter"})  # the classes surfaces sort finish reasons into
+# The entry meta of an answer its strategy passed on but found invalid (a stream checked at
+# its end, gateway/strategies/checked_stream.py): never stored, whatever the rules say.
+REJECTED = "rejected"
+
+
+def rejection(entry: Entry) -> str | None:
+    """Why the strategy that produced `entry` will not have it stored; None when it may be."""
+    return (entry.meta or {}).get(REJECTED) or None
 
 
 @dataclass(frozen=True)

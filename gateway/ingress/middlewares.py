@@ -9,7 +9,7 @@ from aiohttp import web
 
 from gateway.apis import SURFACES
 from gateway.errors import OPENAI_ERRORS, ApiError, ErrorShape
-from gateway.state import ACCESS_LOG, CACHE, KEY, METRICS, MODEL, TENANT
+from gateway.state import ACCESS_LOG, CACHE, KEY, LATE_WARNINGS, METRICS, MODEL, TENANT
 
 log = logging.getLogger("detgate")
 
@@ -57,9 +57,11 @@ async def observe(request: web.Request, handler) -> web.StreamResponse:
     started = time.perf_counter()
     metrics.in_flight += 1
     status = 500
+    warnings = None
     try:
         response = await handler(request)
         status = response.status
+        warnings = response.headers.get("x-detgate-warnings")
         return response
     finally:
         elapsed = time.perf_counter() - started
@@ -70,6 +72,10 @@ async def observe(request: web.Request, handler) -> web.StreamResponse:
         metrics.observe_request(route, model, cache, str(status), elapsed)
         access = request.app[ACCESS_LOG]
         if access.stream is not None:  # the line is not even built when access logging is off
-            access.write({"method": request.method, "path": request.path, "status": status, "route": route,
-                          "model": model, "cache": cache, "key": request.get(KEY), "tenant": request.get(TENANT),
-                          "ms": round(elapsed * 1000, 3)})
+            fields = {"method": request.method, "path": request.path, "status": status, "route": route,
+                      "model": model, "cache": cache, "key": request.get(KEY), "tenant": request.get(TENANT),
+                      "ms": round(elapsed * 1000, 3)}
+            warned = "; ".join(filter(None, (warnings, request.get(LATE_WARNINGS))))
+            if warned:
+                fields["warnings"] = warned
+            access.write(fields)

@@ -75,7 +75,8 @@ class Metrics:
                                         "with the winner.", buckets=(0.2, 0.34, 0.4, 0.5, 0.6, 0.67, 0.75, 0.8, 0.9, 1.0),
                                         registry=r)
         self.schema_attempts = Counter("detgate_schema_attempts", "Schema-checked answers, by result: valid or "
-                                       "invalid per attempt, exhausted per request whose attempts all failed.",
+                                       "invalid per attempt, exhausted per request whose attempts all failed, "
+                                       "streamed_invalid per live stream passed on invalid and not stored.",
                                        ["model", "result"], registry=r)
         # The operator's cache API (gateway/ops/cache_api.py).
         self.cache_admin = Counter("detgate_cache_admin", "Operator cache API calls, by operation (list, show, "

@@ -152,7 +152,8 @@ def _strategy(surface: Surface, body: dict, profile: Profile, rules: Rules, hint
     name_in_key = spec_name(k, extractor_digest, check, attempts, feedback, label)
     if name_in_key == "single":
         return SINGLE
-    return StrategySpec(k, extractor, check, schema, attempts, feedback, name_in_key)
+    asked = k > 1 or name is not None or (check and configured is not None and configured.attempts is not None)
+    return StrategySpec(k, extractor, check, schema, attempts, feedback, name_in_key, asked)
 
 
 def _schema(surface: Surface, body: dict, rules: Rules, name: str | None) -> dict | None:

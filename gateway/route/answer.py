@@ -7,6 +7,7 @@ from aiohttp import web
 
 from gateway.apis.surface import Surface, View
 from gateway.cache.entry import Entry
+from gateway.cache.storing import rejection
 from gateway.cache.singleflight import Flight
 from gateway.errors import UpstreamError
 from gateway.ingress.auth import Tenant
@@ -14,7 +15,7 @@ from gateway.ops.watch import DRIFT, UPSTREAM
 from gateway.route.chains import own, own_body
 from gateway.route.lookup import settle
 from gateway.route.warnings import warn
-from gateway.state import CACHE, MODEL
+from gateway.state import CACHE, LATE_WARNINGS, MODEL
 from gateway.strategies.voting import meta_headers
 
 
@@ -72,6 +73,12 @@ async def _stream_live(request: web.Request, tenant: Tenant, surface: Surface, f
             return response
         if surface.names_state:
             await own(request, tenant, surface, outcome.entry, outcome.stored and cache != "bypass")
+        unstored = outcome.declined or rejection(outcome.entry)
+        if unstored is not None:
+            # The headers are gone: said in the access log, and to the client as an SSE
+            # comment, which every SSE reader skips.
+            request[LATE_WARNINGS] = late = f"answer not stored: {unstored}"
+            await response.write(b": x-detgate-warnings: " + " ".join(late.splitlines()).encode() + b"\n\n")
         await response.write(surface.stream_end(outcome.entry, view))
     except ConnectionResetError:
         pass  # the client left; the flight goes on and is stored if it completes

@@ -39,6 +39,7 @@ from gateway.state import (
     TENANT,
     TENANTS,
 )
+from gateway.strategies.checked_stream import checked_stream
 from gateway.strategies.fanout import merged
 from gateway.strategies.single import Call, single
 from gateway.strategies.spec import SINGLE
@@ -117,13 +118,15 @@ def cached_route(surface: Surface):
                 await own(request, prepared.tenant, surface, found, True)
             return respond(request, surface, found, prepared.view, "hit", headers)
         _flag_hidden(request, call, headers)
+        if call.stream and call.spec.asked:
+            warn(headers, f"stream buffered: {call.spec.name} was asked for, and it chooses among whole answers")
         return await answer(request, prepared.tenant, surface, *found, prepared.view, headers)
 
     return handler
 
 
 def _producer(call: Call, client, drift: DriftMonitor, prepared: Prepared, headers: dict[str, str], mode: str):
-    strategy = single if call.spec is SINGLE else choose
+    strategy = strategy_for(call)
     model = prepared.model
 
     async def produce(feed: Feed) -> Entry:
@@ -138,6 +141,16 @@ def _producer(call: Call, client, drift: DriftMonitor, prepared: Prepared, heade
         return entry
 
     return produce
+
+
+def strategy_for(call: Call):
+    """What a miss runs. A stream runs buffered only for a strategy asked for by name; checks
+    its tools or response format imply run at the end of the live stream."""
+    if call.spec is SINGLE:
+        return single
+    if call.stream and not call.spec.asked:
+        return checked_stream
+    return choose
 
 
 def _flag_hidden(request: web.Request, call: Call, headers: dict[str, str]) -> None:

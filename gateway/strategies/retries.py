@@ -3,8 +3,9 @@ with fresh seeds until an answer validates or the attempts run out.
 
 Attempt j of the answer that starts at seed s uses seed s + j*step: a vote of k gives its
 voters seeds s..s+k-1 and step k, so no two calls of one miss share a seed. Answers are
-always fetched whole (a stream cannot be checked before it has been sent): a streaming
-client gets the chosen answer through its entry's synthesized stream.
+fetched whole (a stream cannot be checked before it has been sent): a streaming client
+gets here only when it asked for a vote or a named schema, and then gets the chosen
+answer through its entry's synthesized stream (docs/streaming.md).
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """How a cache miss becomes one complete entry, and the upstream call it is made of.
 
 A strategy is an async callable (call, client, feed) -> Entry that raises UpstreamError
-when it cannot produce an answer worth storing. `single` makes one upstream call; every
-other spec runs voting.choose. The spec's name is part of the cache key.
+when it cannot produce an answer worth storing. `single` makes one upstream call; a
+stream whose checks nobody asked to wait for runs checked_stream (live, checked at its
+end); every other spec runs voting.choose. The spec's name is part of the cache key.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class Call:
     body: dict  # what the upstream is sent, for a whole answer or a stream as `stream` says
     headers: tuple[tuple[str, str], ...]  # credentials and keyed headers the upstream is sent
     stream: bool  # the client wants a stream
-    spec: StrategySpec = SINGLE  # what a miss runs; anything but SINGLE runs voting.choose
+    spec: StrategySpec = SINGLE  # what a miss runs (route/cached.py strategy_for)
     seed: int = 0  # the seed the key carries; sent only where `body` has one (the wire and the model take seeds)
 
     @property

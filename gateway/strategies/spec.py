@@ -22,6 +22,11 @@ class StrategySpec:
     attempts: int = 1  # calls per answer when checking
     feedback: bool = False  # a retry shows the model its failed answer and the errors
     name: str = "single"
+    # Asked for by a header or the model's configured strategy (a vote, a named schema,
+    # attempts), not implied by the request's own tools or response format: only then may a
+    # stream wait for whole answers (docs/streaming.md). Not in `name`: streams and whole
+    # answers to one request share its entry.
+    asked: bool = False
 
 
 SINGLE = StrategySpec()

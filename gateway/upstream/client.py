@@ -38,9 +38,9 @@ class UpstreamClient:
         self.metrics.upstream_requests.labels(upstream, str(status)).inc()
         self.metrics.upstream_duration.labels(upstream).observe(time.perf_counter() - started)
 
-    def _timeout(self, deadline: Deadline) -> aiohttp.ClientTimeout:
+    def _timeout(self, deadline: Deadline, stream: bool = False) -> aiohttp.ClientTimeout:
         t = self.resilience.timeouts
-        return client_timeout(deadline, t.connect, t.idle)
+        return client_timeout(deadline, t.connect, t.idle, stream)
 
     async def post_json(self, upstream: UpstreamConfig, path: str, body: dict, headers: Headers,
                         deadline: Deadline | None = None) -> bytes:
@@ -57,7 +57,7 @@ class UpstreamClient:
 
     @contextlib.asynccontextmanager
     async def _post(self, upstream: UpstreamConfig, path: str, data: bytes, headers: Headers,
-                    deadline: Deadline) -> AsyncIterator[aiohttp.ClientResponse]:
+                    deadline: Deadline, stream: bool = False) -> AsyncIterator[aiohttp.ClientResponse]:
         """The upstream's 200 response; any other status raises its UpstreamError. The call's
         status and latency are recorded when the caller is done with the response."""
         # Transport errors leave raw, so that retry.retry_reason can tell a refused
@@ -66,7 +66,7 @@ class UpstreamClient:
         status = 502
         try:
             async with self.session.post(upstream.url + path, data=data, headers=_headers(headers),
-                                         timeout=self._timeout(deadline)) as resp:
+                                         timeout=self._timeout(deadline, stream)) as resp:
                 status = resp.status
                 if resp.status != 200:
                     raise UpstreamError(resp.status, scrubbed(await resp.read(), headers), resp.content_type,
@@ -90,8 +90,10 @@ class UpstreamClient:
         """The payloads of the upstream's SSE events until the stream ends or sends [DONE]
         (yielded too). Whether the stream was complete is its surface's to judge.
 
-        Retried like post_json until the first event arrives; after that the event is on
-        its way to clients, and a break can only end the stream with an error.
+        Retried like post_json until the first event arrives, all within `deadline`; after
+        that the event is on its way to clients, and a break can only end the stream with an
+        error. A stream that keeps sending has no time limit: only a silence longer than the
+        idle timeout ends it (a slow answer is not a failing upstream).
         """
         deadline = deadline or self.resilience.deadline()
         data = orjson.dumps(body)
@@ -120,7 +122,7 @@ class UpstreamClient:
         # The slot and the breaker permit are held until the stream ends, so a stream that
         # breaks mid-way counts against the upstream's health like any other failure.
         async with self.resilience.guard(upstream.name, deadline), \
-                self._post(upstream, path, data, headers, deadline) as resp:
+                self._post(upstream, path, data, headers, deadline, stream=True) as resp:
             async for payload in sse.payloads(resp.content):
                 yield payload
                 if payload == b"[DONE]":

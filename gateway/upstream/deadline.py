@@ -38,12 +38,16 @@ class Deadline:
         return self.clock() + seconds < self.at
 
 
-def client_timeout(deadline: Deadline, connect: float, idle: float) -> aiohttp.ClientTimeout:
-    """The aiohttp timeouts for one upstream request: connecting may take `connect`, the
-    upstream may go silent (before the first byte, or between two stream chunks) for
-    `idle`, and the whole request, body included, must end by the deadline.
+def client_timeout(deadline: Deadline, connect: float, idle: float, stream: bool = False) -> aiohttp.ClientTimeout:
+    """The aiohttp timeouts for one upstream request; connecting may take `connect`.
 
-    A stalled stream thus fails after `idle`, not when the deadline finally runs out.
+    A whole answer must arrive by the deadline. It has no idle limit: a non-streamed upstream
+    is silent by design until it is done, so a limit on its silence would bound the whole
+    generation. A stream may go silent for `idle` (before its first byte or between two
+    chunks) and has no total limit: the deadline bounds its start (queueing, retries, the
+    first event: Resilience.call), never a stream that keeps making progress.
     """
     left = deadline.remaining()
-    return aiohttp.ClientTimeout(total=left, sock_connect=min(connect, left), sock_read=min(idle, left))
+    if stream:
+        return aiohttp.ClientTimeout(total=None, sock_connect=min(connect, left), sock_read=idle)
+    return aiohttp.ClientTimeout(total=left, sock_connect=min(connect, left))

@@ -28,9 +28,9 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Timeouts:
-    total: float  # the whole call, retries and backoff included
+    total: float  # a whole answer's call, or a stream until its first event; retries and backoff included
     connect: float
-    idle: float  # silence allowed before the first byte and between stream chunks
+    idle: float  # a stream's silence allowed before its first byte and between chunks
 
 
 class Resilience:

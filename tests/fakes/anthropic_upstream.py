@@ -19,6 +19,7 @@ import asyncio
 import base64
 import random
 import secrets
+import time
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
@@ -50,6 +51,7 @@ class Behaviour:
     retry_after: str | None = "0"
     delay_s: float = 0.0  # before answering
     chunk_delay_s: float = 0.0  # between TCP writes of a stream
+    pace_s: float = 0.0  # spread each stream over about this long (a slow model)
     break_stream_after: int | None = None  # close a stream after this many events, without message_stop
     error_after: int | None = None  # a stream sends an overloaded `error` event after this many events
     error_200: bool = False  # a 200 whose body is an error
@@ -66,6 +68,7 @@ class FakeAnthropic:
     calls: list[tuple[str, dict]] = field(default_factory=list)  # (path, body)
     headers: list[dict[str, str]] = field(default_factory=list)  # each call's headers, names lower-cased
     check_key: bool = True  # off only when run alone for benchmarks, where no key is configured
+    stream_ends: list[float] = field(default_factory=list)  # time.monotonic() as each whole stream was sent
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.noise.seed)
@@ -77,6 +80,7 @@ class FakeAnthropic:
         self.behaviour = Behaviour()
         self.calls = []
         self.headers = []
+        self.stream_ends = []
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 2**20)
@@ -256,12 +260,13 @@ class FakeAnthropic:
         await response.prepare(request)
         cut = self.behaviour.break_stream_after
         wire = b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events[:cut])
-        await write_scattered(response, wire, self.rng, self.behaviour.chunk_delay_s)
+        await write_scattered(response, wire, self.rng, self.behaviour.chunk_delay_s, self.behaviour.pace_s)
         if cut is not None:
             if request.transport is not None:
                 request.transport.close()  # a dropped connection, not a clean end
             return response
         await response.write_eof()
+        self.stream_ends.append(time.monotonic())
         return response
 
 

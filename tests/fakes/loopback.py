@@ -72,8 +72,25 @@ class LoopbackServer:
         await asyncio.gather(*rest, return_exceptions=True)
 
 
-async def write_scattered(response: web.StreamResponse, wire: bytes, rng: random.Random, delay_s: float) -> None:
-    """Several events per TCP write, split at random, like a real provider under load."""
+PACE_GAP_S = 0.5  # the mean pause between the writes of a paced stream; no pause exceeds 1.5x it
+
+
+async def write_scattered(response: web.StreamResponse, wire: bytes, rng: random.Random, delay_s: float,
+                          pace_s: float = 0.0) -> None:
+    """Several events per TCP write, split at random, like a real provider under load.
+
+    With `pace_s` the writes are spread over about that many seconds, as a model writes a
+    long answer: cut at random places, with a random pause of 0.5-1.5x PACE_GAP_S after
+    each, so no silence comes near an idle timeout of a second or more.
+    """
+    if pace_s:
+        writes = max(2, min(len(wire), round(pace_s / PACE_GAP_S)))
+        cuts = [0, *sorted(rng.sample(range(1, len(wire)), writes - 1)), len(wire)]
+        for start, end in zip(cuts, cuts[1:]):
+            await response.write(wire[start:end])
+            if end < len(wire):
+                await asyncio.sleep(PACE_GAP_S * rng.uniform(0.5, 1.5))
+        return
     at = 0
     while at < len(wire):
         step = rng.randint(1, 200)

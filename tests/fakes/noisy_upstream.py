@@ -11,7 +11,7 @@ it ignores the request's seed and temperature. `by_seed` pins the answer for a r
 seed, for tests that need one exact sequence of votes.
 
 With `tool` set, it calls that tool with {"city": ...} arguments instead (an integer city
-when the answer is invalid).
+when the answer is invalid). A stream carries the same answer, cut at random places.
 """
 from __future__ import annotations
 
@@ -82,15 +82,42 @@ class NoisyUpstream:
             error = {"error": {"message": f"noisy failure {secrets.token_hex(4)}", "type": "server_error",
                                "param": None, "code": "noisy"}}
             return web.json_response(error, status=self.fail_status)
-        if body.get("stream"):
-            return web.json_response({"error": {"message": "this fake does not stream", "type": "invalid_request_error",
-                                                "param": "stream", "code": None}}, status=400)
         message = self._message(self._draw(body.get("seed")))
         self.sent.append(message)
+        head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()) + self.rng.randint(0, 10**6),
+                "model": f"{body['model']}-noisy",
+                "system_fingerprint": "fp_noisy_0001"}  # steady: drift is not what this fake is for
+        finish = "tool_calls" if self.tool else "stop"
+        if body.get("stream"):
+            return await self._stream(request, head, message, finish)
         return web.json_response({
-            "id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion",
-            "created": int(time.time()) + self.rng.randint(0, 10**6), "model": f"{body['model']}-noisy",
-            "system_fingerprint": "fp_noisy_0001",  # steady: drift is not what this fake is for
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": "tool_calls" if self.tool else "stop"}],
+            **head, "object": "chat.completion", "choices": [{"index": 0, "message": message, "logprobs": None,
+                                                              "finish_reason": finish}],
             "usage": {"prompt_tokens": 9, "completion_tokens": self.rng.randint(5, 30), "total_tokens": 40}})
+
+    async def _stream(self, request: web.Request, head: dict, message: dict, finish: str) -> web.StreamResponse:
+        """The message as OpenAI streams it: its content or its call's arguments in pieces of random size."""
+        head = {**head, "object": "chat.completion.chunk"}
+        deltas: list[dict] = [{"role": "assistant", "content": "" if self.tool is None else None}]
+        if self.tool is None:
+            deltas += [{"content": piece} for piece in self._pieces(message["content"])]
+        else:
+            call = message["tool_calls"][0]
+            deltas.append({"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
+                                           "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+                       for piece in self._pieces(call["function"]["arguments"])]
+        chunks = [{**head, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": None}]}
+                  for d in deltas]
+        chunks.append({**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for chunk in chunks:
+            await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    def _pieces(self, text: str) -> list[str]:
+        cuts = sorted(self.rng.sample(range(1, len(text)), min(len(text) - 1, self.rng.randint(1, 6))))
+        return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]

@@ -56,6 +56,7 @@ class Behaviour:
     fail_times: int | None = None  # ...only this many times (None: until reset)
     delay_s: float = 0.0  # before answering
     chunk_delay_s: float = 0.0  # between stream chunks
+    pace_s: float = 0.0  # spread each stream over about this long (a slow model), chat and Responses alike
     break_stream_after: int | None = None  # close a stream after this many chunks, without [DONE]
     stall_stream_after: int | None = None  # go silent after this many chunks (for `stall_s`), then drop
     stall_s: float = 30.0
@@ -87,6 +88,7 @@ class FakeUpstream:
     authorizations: list[str | None] = field(default_factory=list)  # each call's Authorization header
     started: int = 0  # calls that began, including ones still running
     faults: Faults | None = None  # fakes/faults.py: a fault per call (500, 429, resets, stalls, ...)
+    stream_ends: list[float] = field(default_factory=list)  # time.monotonic() as each whole stream was sent
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.noise.seed)
@@ -98,6 +100,7 @@ class FakeUpstream:
         self.calls = []
         self.authorizations = []
         self.started = 0
+        self.stream_ends = []
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 2**20)
@@ -254,7 +257,7 @@ class FakeUpstream:
         wire = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks[:breaking])
         if breaking is None:
             wire += b"data: [DONE]\n\n"
-        await write_scattered(response, wire, self.rng, self.behaviour.chunk_delay_s)
+        await write_scattered(response, wire, self.rng, self.behaviour.chunk_delay_s, self.behaviour.pace_s)
         if breaking is not None:
             if stall_s is not None:
                 await asyncio.sleep(stall_s)
@@ -262,6 +265,7 @@ class FakeUpstream:
                 request.transport.close()  # a dropped connection, not a clean end
             return response
         await response.write_eof()
+        self.stream_ends.append(time.monotonic())
         return response
 
     async def _embeddings(self, request: web.Request) -> web.Response:

@@ -265,9 +265,10 @@ class FakeResponses:
         wire = b"".join(b"event: " + e["type"].encode() + b"\ndata: "
                         + orjson.dumps({"type": e["type"], "sequence_number": n, **e}) + b"\n\n"
                         for n, e in enumerate(events[:cut]))
-        await write_scattered(response, wire, rng, behaviour.chunk_delay_s)
+        await write_scattered(response, wire, rng, behaviour.chunk_delay_s, behaviour.pace_s)
         if cut is not None and request.transport is not None:
             request.transport.close()  # a dropped connection, not a clean end
             return response
         await response.write_eof()
+        self.fake.stream_ends.append(time.monotonic())
         return response

@@ -103,4 +103,5 @@ def value(metrics, name: str, **labels) -> float:
 
 
 def sse_payloads(raw: bytes) -> list[bytes]:
-    return [event[len(b"data: "):] for event in raw.split(b"\n\n") if event]
+    """The data of each event; comments (lines starting with ':') are skipped, as SSE readers do."""
+    return [event[len(b"data: "):] for event in raw.split(b"\n\n") if event and not event.startswith(b":")]

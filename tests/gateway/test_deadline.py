@@ -18,11 +18,13 @@ def test_remaining_never_goes_negative():
     assert d.remaining() == 0 and d.expired()
 
 
-def test_client_timeout_is_capped_by_the_deadline():
+def test_a_whole_answer_is_bounded_by_the_deadline_and_a_stream_by_its_silences():
     now = [0.0]
     d = Deadline.after(3, clock=lambda: now[0])
-    t = client_timeout(d, connect=1, idle=10)
-    assert (t.total, t.sock_connect, t.sock_read) == (3, 1, 3)
+    whole = client_timeout(d, connect=1, idle=10)
+    assert (whole.total, whole.sock_connect, whole.sock_read) == (3, 1, None)
+    stream = client_timeout(d, connect=5, idle=10, stream=True)
+    assert (stream.total, stream.sock_connect, stream.sock_read) == (None, 3, 10)
 
 
 async def test_a_stalled_stream_fails_after_the_idle_timeout_not_the_deadline():
@@ -30,7 +32,7 @@ async def test_a_stalled_stream_fails_after_the_idle_timeout_not_the_deadline():
         up.script.append("stall")
         start = time.monotonic()
         with pytest.raises(asyncio.TimeoutError):
-            async with http.post(f"{up.url}/chat/completions", timeout=client_timeout(Deadline.after(30), 1, 0.2),
+            async with http.post(f"{up.url}/chat/completions", timeout=client_timeout(Deadline.after(30), 1, 0.2, stream=True),
                                  json={"model": "m", "messages": [], "stream": True}) as r:
                 async for _ in r.content.iter_any():
                     pass

@@ -100,10 +100,52 @@ def test_a_vote_runs_among_valid_answers_only():
         assert hit.headers["x-detgate-cache"] == "hit" and hit.headers["x-detgate-attempts"] == "4"
 
 
-def test_a_streaming_request_gets_the_validated_answer_as_a_stream():
+def streamed_text(raw) -> str:
+    return "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
+
+
+def test_a_stream_goes_out_live_and_an_invalid_answer_is_passed_on_but_never_stored():
     fake = NoisyUpstream(by_seed={0: INVALID, 1: "yes"})
     with noisy_gateway(fake) as gw:
         raw = ask(gw, stream=True)
-        text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
-        assert orjson.loads(text)["answer"] == "yes" and raw.headers["x-detgate-attempts"] == "2"
-        assert not any(c.get("stream") for c in fake.calls)
+        assert streamed_text(raw) == fake.sent[0]["content"]  # the upstream's answer, as it came
+        assert [c.get("stream") for c in fake.calls] == [True]  # one live call: no retry behind the client's back
+        assert metric(gw, 'detgate_schema_attempts_total{model="m1",result="streamed_invalid"}') == 1
+        assert post(gw.url, "/v1/chat/completions", {"model": "m1", "messages": QUESTION, "response_format": SCHEMA_FORMAT},
+                    {"x-detgate-cache-control": "only-if-cached"}).status == 404
+        whole = ask(gw)  # a whole answer may be retried: seed 0 fails again, seed 1 is stored
+        assert whole.headers["x-detgate-cache"] == "miss" and whole.headers["x-detgate-attempts"] == "2"
+        replay = ask(gw, stream=True)
+        assert replay.headers["x-detgate-cache"] == "hit" and orjson.loads(streamed_text(replay))["answer"] == "yes"
+
+
+def test_a_valid_streamed_answer_is_stored_once_complete_and_replayed_byte_for_byte():
+    fake = NoisyUpstream(by_seed={0: "yes"})
+    body = {"model": "m1", "messages": QUESTION, "response_format": SCHEMA_FORMAT, "stream": True}
+    with noisy_gateway(fake) as gw:
+        first, second = post(gw.url, "/v1/chat/completions", body), post(gw.url, "/v1/chat/completions", body)
+        assert (first.headers["x-detgate-cache"], second.headers["x-detgate-cache"]) == ("miss", "hit")
+        assert first.body == second.body and len(fake.calls) == 1
+        assert second.headers["x-detgate-attempts"] == "1"
+        assert metric(gw, 'detgate_schema_attempts_total{model="m1",result="valid"}') == 1
+
+
+def test_a_streamed_tool_call_with_bad_arguments_is_passed_on_and_not_stored():
+    fake = NoisyUpstream(tool="weather", by_seed={0: INVALID})
+    with noisy_gateway(fake) as gw:
+        stream = client(gw.url).chat.completions.create(model="m1", messages=QUESTION, tools=WEATHER, stream=True)
+        arguments = "".join(c.choices[0].delta.tool_calls[0].function.arguments or ""
+                            for c in stream if c.choices and c.choices[0].delta.tool_calls)
+        assert orjson.loads(arguments) == {"city": 7}  # as the upstream sent it, wrong type and all
+        fake.by_seed = {0: "yes"}
+        again = client(gw.url).chat.completions.with_raw_response.create(model="m1", messages=QUESTION, tools=WEATHER)
+        assert again.headers["x-detgate-cache"] == "miss" and len(fake.calls) == 2
+
+
+def test_a_stream_that_names_a_schema_waits_for_a_valid_answer_and_says_so():
+    fake = NoisyUpstream(by_seed={0: INVALID, 1: "yes"})
+    with noisy_gateway(fake, schemas={"answer": ANSWER_SCHEMA}) as gw:
+        raw = ask(gw, {"x-detgate-schema": "answer"}, stream=True)
+        assert orjson.loads(streamed_text(raw))["answer"] == "yes" and raw.headers["x-detgate-attempts"] == "2"
+        assert "stream buffered" in raw.headers["x-detgate-warnings"]
+        assert not any(c.get("stream") for c in fake.calls)  # retried whole, as asked
