@@ -97,6 +97,7 @@ def test_a_streaming_request_gets_the_winner_as_a_stream():
         text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
         assert raw.headers["x-detgate-votes"] == "2/3" and orjson.loads(text)["answer"] == "yes"
         assert not any(c.get("stream") for c in fake.calls)  # votes are fetched whole
+        assert "stream buffered: vote:3" in raw.headers["x-detgate-warnings"]  # and the stream was told
         whole = ask(gw)
         assert whole.headers["x-detgate-cache"] == "hit" and whole.parse().choices[0].message.content == text
 
