@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-ttl-s", dest="model_ttl_s", action="append", metavar="GLOB=SECONDS",
                        help="--ttl-s for the pinned models a glob matches, repeatable; the first match wins")
     serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted (default 8 MiB)")
-    serve.add_argument("--upstream-timeout-s", type=float, help="total time allowed for one upstream call (default 600)")
+    serve.add_argument("--upstream-timeout-s", type=float, help="time allowed for a whole upstream answer, retries included, or for a stream until its first event (default 600)")
     serve.add_argument("--lock-lease-ms", type=int,
                        help="lease of a replica's fill lock; a dead holder is taken over after this (default 10000)")
     serve.add_argument("--cache-failure", choices=("fail-open", "fail-closed"),
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--store-timeout-s", type=float, help="longest one store operation may take (default 1)")
     serve.add_argument("--upstream-connect-timeout-s", type=float, help="time to connect to an upstream (default 10)")
     serve.add_argument("--upstream-idle-timeout-s", type=float,
-                       help="silence allowed from an upstream before its first byte or between stream chunks (default 120)")
+                       help="silence allowed from a streaming upstream before its first byte or between chunks (default 120)")
     serve.add_argument("--upstream-max-attempts", type=int,
                        help="attempts per upstream call on connection errors, timeouts, 429 and 5xx (default 3)")
     serve.add_argument("--upstream-concurrency", type=int, help="calls in flight per upstream (default 512)")
