@@ -13,6 +13,7 @@ from gateway.cache.entry import Entry, now_in_ms
 from gateway.cache.origin import fill_origin
 from gateway.cache.feed import Feed
 from gateway.cache.modes import MODE_CONTROLS
+from gateway.cache.recordings import asking
 from gateway.errors import ApiError, UpstreamError
 from gateway.ingress.auth import REFRESHES, Credentials, authorize_refresh
 from gateway.ingress.body import read_body
@@ -25,7 +26,6 @@ from gateway.policy.prepare import Asked, Prepared
 from gateway.route.answer import answer, respond, upstream_error
 from gateway.route.chains import check_state, continue_chain, kept_apart, own, pass_through
 from gateway.route.lookup import STATEFUL, find_or_fly, settle
-from gateway.route.replay import asking
 from gateway.route.warnings import warn
 from gateway.state import (
     CACHE,

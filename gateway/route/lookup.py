@@ -9,12 +9,13 @@ from aiohttp import web
 from gateway.cache.entry import Entry
 from gateway.cache.feed import Feed
 from gateway.cache.modes import replay_miss, replay_unavailable
+from gateway.cache.recordings import Asking, Recordings, explain, replay_warning
 from gateway.cache.singleflight import Flight, Outcome, Produce
 from gateway.cache.store import StoreError
 from gateway.errors import ApiError
-from gateway.route.replay import Asking, explain, nearest, record, replay_warning, same_but_tool_outputs
+from gateway.ops.watch import DRIFT
 from gateway.route.warnings import warn
-from gateway.state import GATEWAY, METRICS, SETTINGS
+from gateway.state import GATEWAY, METRICS, SECRET, SETTINGS
 from gateway.strategies.single import Call
 
 STATEFUL = "stateful"  # the control of a request the gateway passes through uncached (Surface.uncached)
@@ -79,8 +80,9 @@ async def _replay(request: web.Request, key: str, call: Call, asking: Asking | N
     with other tool outputs, or the replay miss that says what is nearest."""
     if asking is None:
         raise replay_miss(key, call.body, headers)
+    recordings = _recordings(request)
     try:
-        found = await same_but_tool_outputs(request, asking)
+        found = await recordings.same_but_tool_outputs(asking)
         if found is not None:
             turn, changed = found
             entry, _, _ = await _lookup(request, turn.key)
@@ -88,13 +90,18 @@ async def _replay(request: web.Request, key: str, call: Call, asking: Asking | N
                 headers["x-detgate-key"] = turn.key
                 warn(headers, replay_warning(turn, changed))
                 return entry
-        near = await nearest(request, asking)
+        near = await recordings.nearest(asking)
     except StoreError:
         request.app[METRICS].cache_errors.labels("get").inc()
         raise replay_unavailable(headers) from None
     if near is None:
         raise replay_miss(key, call.body, headers)
     raise replay_miss(key, call.body, headers, *explain(near, asking.parts.route, asking.document()))
+
+
+def _recordings(request: web.Request) -> Recordings:
+    app = request.app
+    return Recordings(app[GATEWAY].sessions, app[SECRET], app[DRIFT].key)
 
 
 async def _recorded(request: web.Request, task: asyncio.Task[Outcome], asking: Asking, key: str,
@@ -104,7 +111,7 @@ async def _recorded(request: web.Request, task: asyncio.Task[Outcome], asking: A
     outcome = await task
     if outcome.stored and outcome.declined is None:
         try:
-            await record(request, asking, key)
+            await _recordings(request).record(asking, key)
         except StoreError as exc:
             request.app[METRICS].cache_errors.labels("session").inc()
             warn(headers, f"session turn not recorded: {exc}")
