@@ -14,6 +14,7 @@ import sys
 
 from gateway.ops import cache_cli
 
+ROUTES = ("chat.completions", "completions", "embeddings", "messages", "responses")
 NO_STORE = ("needs --redis-url (or redis_url in --config): without one the cache lives inside a `detgate serve` "
             "process and goes with it, so there is nothing to {what}")
 
@@ -34,7 +35,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     probe.add_argument("--upstream", dest="upstreams", action="append", metavar="[NAME=]URL",
                        help="an upstream, as for `detgate serve`")
 
-    cache = commands.add_parser("cache", help="list, show, delete, export or import cache entries")
+    cache = commands.add_parser("cache", help="list, show, delete, export or import cache entries; diff a request "
+                                              "against the recordings")
     actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
     export = actions.add_parser("export", help="write every entry this secret vouches for to FILE, sorted by key; "
                                                "say how many were skipped, and why")
@@ -47,6 +49,19 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                       help="seal entries anew with this secret instead of checking their MACs (for a golden file "
                            "edited on purpose)")
     cache_cli.add_actions(actions, _shared)
+    diff = actions.add_parser("diff", help="say whether --mode replay answers a request body, and print every "
+                                           "difference from the nearest recorded request when it would not",
+                              description="Exit status 0 when replay answers the request (exactly, or as a session "
+                                          "turn whose tool outputs differ), 1 when it would miss.")
+    diff.add_argument("file", metavar="FILE", nargs="?", default="-", help="the request body (default: stdin)")
+    diff.add_argument("--route", choices=ROUTES, help="the surface it is sent to (default: guessed from the body)")
+    diff.add_argument("-H", "--header", dest="headers", action="append", default=[], metavar="'NAME: VALUE'",
+                      help="a request header as the client sends it: its key (Authorization, x-api-key) picks the "
+                           "tenant, a session header the session, keyed headers (anthropic-version, anthropic-beta) "
+                           "count; repeatable")
+    _shared(diff)
+    diff.add_argument("--upstream", dest="upstreams", action="append", metavar="[NAME=]URL",
+                      help="an upstream, as for `detgate serve` (it picks the model's upstream, part of the key)")
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -58,7 +73,8 @@ def run_command(args: argparse.Namespace) -> int:
     from gateway import config
     from gateway.ops import logs
 
-    flags = {k: v for k, v in vars(args).items() if k not in ("command", "action", "config", "file", "reseal")}
+    flags = {k: v for k, v in vars(args).items()
+             if k not in ("command", "action", "config", "file", "reseal", "route", "headers")}
     flags["log_level"] = flags.get("log_level") or "WARNING"
     try:
         settings = config.load(args.config, os.environ, flags)
@@ -71,6 +87,8 @@ def run_command(args: argparse.Namespace) -> int:
         return refuse(f"cache {args.action} " + NO_STORE.format(what=args.action))
     if settings.secret is None:
         return refuse(f"cache {args.action} needs --secret (or DETGATE_SECRET): the one the gateway signs keys with")
+    if args.action == "diff":
+        return asyncio.run(_diff(args, settings))
     return asyncio.run(_cache(args.action, args.file, settings, args.action == "import" and args.reseal))
 
 
@@ -138,6 +156,44 @@ async def _cache(action: str, path: str, settings, reseal: bool) -> int:
         return refuse(f"the store failed: {exc}")
     except OSError as exc:
         return refuse(str(exc))
+    finally:
+        await store.close()
+        await ledger.close()
+
+
+async def _diff(args: argparse.Namespace, settings) -> int:
+    import orjson
+
+    from gateway.cache.redis_store import RedisStore
+    from gateway.cache.request_diff import diff_request, header_lines
+    from gateway.cache.session_store import RedisSessions
+    from gateway.cache.store import StoreError
+    from gateway.errors import ApiError
+    from gateway.ops.drift import EPOCHS
+    from gateway.ops.ledger import RedisLedger
+
+    try:
+        headers = header_lines(args.headers)
+        if args.file == "-":
+            raw = sys.stdin.buffer.read()
+        else:
+            with open(args.file, "rb") as source:
+                raw = source.read()
+    except (ValueError, OSError) as exc:
+        return refuse(str(exc))
+    store = RedisStore(settings.redis_url, settings.store_timeout_s)
+    ledger = RedisLedger(settings.redis_url, settings.store_timeout_s)
+    secret = settings.secret.get_secret_value().encode()
+    try:
+        epochs = {name: int(value) for name, value in (await ledger.read(EPOCHS)).items()}
+        return await diff_request(raw, args.route, headers, settings, store, RedisSessions(store.client), secret,
+                                  epochs, print)
+    except ApiError as exc:
+        return refuse(f"the gateway would refuse this request ({exc.status}): {exc.message}")
+    except (ValueError, orjson.JSONDecodeError) as exc:
+        return refuse(str(exc))
+    except StoreError as exc:
+        return refuse(f"the store failed: {exc}")
     finally:
         await store.close()
         await ledger.close()

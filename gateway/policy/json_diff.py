@@ -7,6 +7,7 @@ document.
 """
 from __future__ import annotations
 
+import difflib
 import re
 from collections import Counter
 from typing import Any, Iterator, NamedTuple
@@ -88,3 +89,17 @@ def similarity(a: Any, b: Any) -> float:
     left, right = Counter(_leaves(a)), Counter(_leaves(b))
     total = max(sum(left.values()), sum(right.values()))
     return sum((left & right).values()) / total if total else 1.0
+
+
+def full(difference: Difference) -> list[str]:
+    """A difference in full, for `detgate cache diff`: both values whole, and texts of
+    several lines as a unified diff of their lines."""
+    recorded, sent = difference.recorded, difference.sent
+    if isinstance(recorded, str) and isinstance(sent, str) and "\n" in recorded + sent:
+        lines = difflib.unified_diff(recorded.splitlines(), sent.splitlines(), "recorded", "sent", lineterm="")
+        return [f"{difference.path}:"] + [f"    {line}" for line in lines]
+    return [f"{difference.path}:", f"  - recorded: {_whole(recorded)}", f"  + sent:     {_whole(sent)}"]
+
+
+def _whole(value: Any) -> str:
+    return "(absent)" if value is ABSENT else orjson.dumps(value).decode()

@@ -11,9 +11,10 @@ import secrets
 import anthropic
 import httpx2
 import openai
+import orjson
 import pytest
 
-from claude_http import MODEL, sdk, upstreams
+from claude_http import HEADERS, MODEL, sdk, upstreams
 from gw_http import SECRET
 from test_cache_io import cli, flush
 
@@ -170,3 +171,40 @@ def test_a_responses_tool_loop_replays_and_a_miss_is_not_retried(upstream, gatew
     assert caught.value.status_code == 400 and caught.value.code == "replay_miss"
     assert caught.value.param == "input"  # one user message is keyed as the plain string
     assert '"What is here?"' in caught.value.message and '"What was here?"' in caught.value.message
+
+
+def test_cache_diff_says_whether_replay_answers_and_prints_every_difference(upstream, claude, gateway, redis_url,
+                                                                              tmp_path):
+    record, _ = gateways(gateway, upstream, claude, redis_url)
+    client = sdk(record.url)
+    prompt = [{"role": "user", "content": PROMPT}]
+    first = client.messages.create(model=MODEL, max_tokens=64, messages=prompt, tools=[SHELL],
+                                   tool_choice={"type": "any"})
+    use = first.content[-1]
+    turn = prompt + [{"role": "assistant", "content": [b.to_dict() for b in first.content]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a\nb"}]}]
+    client.messages.create(model=MODEL, max_tokens=64, messages=turn, tools=[SHELL])
+    config = tmp_path / "detgate.toml"
+    config.write_text(f'[[upstreams]]\nname = "fake"\nurl = "{upstream[1]}"\n[[upstreams]]\nname = "claude"\n'
+                      f'url = "{claude[1]}"\nprofile = "anthropic"\napi_key = "sk-op"\n')
+
+    def diff(body: dict) -> tuple[int, str]:
+        path = tmp_path / "body.json"
+        path.write_bytes(orjson.dumps(body))
+        done = cli("cache", "diff", str(path), "--config", str(config), "--redis-url", redis_url, "--secret", SECRET,
+                   "-H", f"anthropic-version: {HEADERS['anthropic-version']}", "-H", "x-api-key: unused")
+        assert done.returncode in (0, 1), done.stderr
+        return done.returncode, done.stdout
+
+    body = {"model": MODEL, "max_tokens": 64, "messages": turn, "tools": [SHELL]}
+    status, out = diff(body)
+    assert status == 0 and "replay answers it: this exact request is recorded" in out
+    turn[2]["content"][0]["content"] = "a\nc"
+    status, out = diff(body)
+    assert status == 0 and "answers it with turn 1 of session" in out
+    assert "messages[2].content[0].content:\n    --- recorded\n    +++ sent" in out and "    -b\n    +c" in out
+    turn[0]["content"] = "List the files, then read " + "every one. " * 20
+    status, out = diff(body)
+    assert status == 1 and "replay misses it; the nearest recording is turn 1 of" in out
+    assert f"messages[0].content:\n  - recorded: {orjson.dumps(PROMPT).decode()}\n  + sent:     " in out
+    assert "every one. " * 20 in out  # whole, not shortened
