@@ -30,6 +30,7 @@ from gateway.ingress.proxy import proxy
 from gateway.ops import cache_api, endpoints
 from gateway.ops.logs import AccessLog
 from gateway.ops.metrics import Metrics
+from gateway.ops.readiness import readiness, readyz
 from gateway.ops.status import status
 from gateway.ops.watch import watch
 from gateway.policy.prepare import PreparedMemo
@@ -85,12 +86,14 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_resources)
     app.on_response_prepare.append(finish_headers)
     app.cleanup_ctx.append(watch)
+    app.cleanup_ctx.append(readiness)
     for surface in SURFACES.values():
         app.router.add_post("/v1" + surface.path, cached_route(surface), name=surface.name,
                             expect_handler=expect_continue)
     app.router.add_get("/v1/models", proxy, name="models")
     app.router.add_route("*", "/v1/{tail:.*}", proxy, name="proxy", expect_handler=expect_continue)
     app.router.add_get("/healthz", endpoints.healthz, name="healthz")
+    app.router.add_get("/readyz", readyz, name="readyz")
     app.router.add_get("/metrics", endpoints.metrics, name="metrics")
     app.router.add_get("/detgate/status", status, name="status")
     cache_api.add_routes(app)

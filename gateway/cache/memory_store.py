@@ -103,6 +103,9 @@ class MemoryStore:
             if left is None or left > 0:
                 yield key
 
+    async def ping(self) -> None:
+        """Always there: it lives in this process."""
+
     async def scan(self, cursor: str, count: int) -> tuple[list[str], str]:
         """Keys after `cursor` in sorted order, so that paging is stable however the LRU
         reorders them; the cursor is the last key of the page ("" at the end, and to start)."""

@@ -74,6 +74,9 @@ class NearCache:
     def keys(self) -> AsyncIterator[str]:
         return self.store.keys()
 
+    async def ping(self) -> None:
+        await self.store.ping()
+
     async def scan(self, cursor: str, count: int) -> tuple[list[str], str]:
         return await self.store.scan(cursor, count)
 

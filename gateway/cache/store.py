@@ -27,6 +27,10 @@ class StoreError(Exception):
 
 
 class Store(Protocol):
+    async def ping(self) -> None:
+        """Raises StoreError when the store cannot be used now."""
+        ...
+
     async def get(self, key: str) -> bytes | None: ...
 
     async def get_expiring(self, key: str) -> tuple[bytes | None, float | None]:

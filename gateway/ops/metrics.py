@@ -78,6 +78,12 @@ class Metrics:
                                        "invalid per attempt, exhausted per request whose attempts all failed, "
                                        "streamed_invalid per live stream passed on invalid and not stored.",
                                        ["model", "result"], registry=r)
+        # Readiness (gateway/ops/readiness.py), as of the last check (every few seconds, and each /readyz).
+        self.ready = Gauge("detgate_ready", "1 while /readyz answers 200: the store usable (or fail-open) and at "
+                           "least one upstream usable.", registry=r)
+        self.store_up = Gauge("detgate_store_up", "1 while the cache store answers its ping.", registry=r)
+        self.upstream_usable = Gauge("detgate_upstream_usable", "1 while an upstream can be called: its circuit "
+                                     "is not open and its key, where it needs one, is set.", ["upstream"], registry=r)
         # The operator's cache API (gateway/ops/cache_api.py).
         self.cache_admin = Counter("detgate_cache_admin", "Operator cache API calls, by operation (list, show, "
                                    "delete, delete_matching).", ["op"], registry=r)

@@ -48,6 +48,10 @@ GATEWAY = {
     "detgate_cache_tamper_total": Metric("counter"),
     # Issue 22: complete answers the store rules (store_finish) keep out of the cache.
     "detgate_cache_declined_total": Metric("counter", ("finish",)),
+    # Issue 43: readiness (/readyz), checked every few seconds.
+    "detgate_ready": Metric("gauge"),
+    "detgate_store_up": Metric("gauge"),
+    "detgate_upstream_usable": Metric("gauge", ("upstream",)),
 }
 
 # Issue 4: the whitebox backend.

@@ -135,7 +135,7 @@ def test_gateway_reads_what_compose_gives_it(spec):
     assert settings.host == "0.0.0.0"
     port = settings.port
     assert container_port(gw) == port
-    assert urlsplit(healthcheck_url(gw)).port == port and urlsplit(healthcheck_url(gw)).path == "/healthz"
+    assert urlsplit(healthcheck_url(gw)).port == port and urlsplit(healthcheck_url(gw)).path == "/readyz"
     assert dockerfile_directive("gateway.Dockerfile", "EXPOSE") == str(port)
     assert settings.secret.get_secret_value() == ENV["DETGATE_SECRET"]
     assert gw["depends_on"]["redis"]["condition"] == "service_healthy"
