@@ -69,6 +69,32 @@ def test_a_tool_loop_replays_with_changed_tool_outputs(upstream, claude, gateway
                for r in same)
 
 
+def streamed_loop(client: anthropic.Anthropic, run: str) -> list[tuple[dict, anthropic.types.Message]]:
+    """The tool loop as Claude Code sends it: streamed. (headers, final message) per turn."""
+    headers = {"x-claude-code-session-id": secrets.token_hex(8)}
+    messages, turns = [{"role": "user", "content": PROMPT}], []
+    for turn, choice in enumerate(({"type": "any"}, {"type": "any"}, {"type": "auto"})):
+        with client.messages.stream(model=MODEL, max_tokens=64, messages=messages, tools=[SHELL], tool_choice=choice,
+                                    extra_headers=headers) as stream:
+            message = stream.get_final_message()
+            turns.append((dict(stream.response.headers), message))
+        messages = messages + [{"role": "assistant", "content": [b.to_dict() for b in message.content]}]
+        messages += [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": b.id,
+                                                   "content": f"turn {turn} output {run}"}]}
+                     for b in message.content if b.type == "tool_use"]
+    return turns
+
+
+def test_a_streamed_tool_loop_is_recorded_live_and_replays(upstream, claude, gateway, redis_url):
+    record, replay = gateways(gateway, upstream, claude, redis_url)
+    recorded = streamed_loop(sdk(record.url), run="13:56")
+    assert [h["x-detgate-cache"] for h, _ in recorded] == ["miss"] * 3
+    replayed = streamed_loop(sdk(replay.url), run="09:12")
+    assert [h["x-detgate-cache"] for h, _ in replayed] == ["hit"] * 3
+    assert [m.to_dict() for _, m in replayed] == [m.to_dict() for _, m in recorded]
+    assert replayed[2][0]["x-detgate-warnings"].endswith("messages[2].content[0].content, messages[4].content[0].content")
+
+
 def test_a_replay_miss_is_a_400_naming_the_nearest_recording_and_the_path(upstream, claude, gateway, redis_url):
     record, replay = gateways(gateway, upstream, claude, redis_url)
     tool_loop(sdk(record.url))
