@@ -114,11 +114,16 @@ def render_args(req: ChatRequest, engine: EngineClient) -> dict:
 def constraint(req: ChatRequest, engine: EngineClient, kind: str | None) -> str | None:
     """The grammar the answer is held to, if any; a 400 naming the field for one that does not compile."""
     choice, fmt = req.tool_choice, req.response_format
+    tools = None
     if req.tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
         tools = req.tools if choice == "required" else [t for t in req.tools if t.function.name == choice.function.name]
+    elif req.calls_tools() and any(t.function.strict for t in req.tools):
+        tools = req.tools   # auto: strict tools' arguments held to their schemas
+    if tools is not None:
+        parallel = not isinstance(choice, NamedToolChoice) and req.parallel_tool_calls is not False
         try:
-            return engine.grammar_checked(tool_calls.call_grammar(kind, tools, choice == "required"
-                                                                  and req.parallel_tool_calls is not False))
+            return engine.grammar_checked(tool_calls.call_grammar(kind, tools, parallel,
+                                                                  optional=tools is req.tools and choice != "required"))
         except grammar.GrammarError as e:
             raise APIError(400, f"a tool's parameters cannot be compiled to a grammar: {e}", param="tools") from None
     if fmt is None or fmt.type == "text":

@@ -131,25 +131,39 @@ def _lark_string(s: str) -> str:
     return json.dumps(s)
 
 
-def _call_schema(kind: str, tool) -> dict:
+def _call_schema(kind: str, tool, loose: bool) -> dict:
+    """A call of `tool` as JSON; loose: any arguments object (a tool not declared strict)."""
     f = tool.function
-    params = f.parameters if f.parameters is not None else {"type": "object"}
+    params = f.parameters if f.parameters is not None and not loose else {"type": "object"}
     key = "arguments" if kind == "hermes" else "parameters"
     return {"type": "object", "properties": {"name": {"const": f.name}, key: params},
             "required": ["name", key], "additionalProperties": False}
 
 
-def call_grammar(kind: str, tools: list, parallel: bool) -> str:
-    """A grammar whose every answer is one or more calls (one when not parallel) of `tools`, in
-    the family's form, their arguments valid against each tool's parameters schema."""
-    schema = {"anyOf": [_call_schema(kind, t) for t in tools]} if len(tools) > 1 else _call_schema(kind, tools[0])
+# Text that holds no call: the answer of a model that chose not to call (tool_choice auto).
+NOT_HERMES = r"/(.|\n)*/ & ~/(.|\n)*<tool_call>(.|\n)*/"
+NOT_LLAMA = r"/(.|\n)*/ & ~/\s*(\{|<\|python_tag\|>)(.|\n)*/"
+
+
+def call_grammar(kind: str, tools: list, parallel: bool, optional: bool = False) -> str:
+    """A grammar whose answers are one or more calls (one when not parallel) of `tools` in the
+    family's form. optional (tool_choice auto): an answer may instead be text without calls, or
+    (hermes) text and then calls; the arguments of tools declared `strict` are held to their
+    schema, other tools' to any object. Otherwise every tool's arguments are held to its schema."""
+    schemas = [_call_schema(kind, t, optional and not t.function.strict) for t in tools]
+    schema = {"anyOf": schemas} if len(schemas) > 1 else schemas[0]
     schema["x-guidance"] = grammar.JSON_OPTIONS
-    call = f"%json {json.dumps(schema)}"
+    call = f"call: %json {json.dumps(schema)}\n"
     if kind == "hermes":
-        block = f'{_lark_string(HERMES_OPEN + chr(10))} call {_lark_string(chr(10) + HERMES_CLOSE)}'
-        many = f'block ("\\n" block)*' if parallel else "block"
-        source = f"start: {many}\nblock: {block}\ncall: {call}\n"
-    else:
-        many = 'call ("; " call)*' if parallel else "call"
-        source = f"start: {many}\ncall: {call}\n"
-    return grammar.lark(source)
+        nl, close, more = _lark_string("\n"), _lark_string("\n" + HERMES_CLOSE), \
+            _lark_string("\n" + HERMES_OPEN + "\n")
+        rest = f"{nl} call {close}" + (f" ({more} call {close})*" if parallel else "")
+        if optional:
+            # `pre` ends where the model writes <tool_call> (its stop string, kept in the text).
+            return grammar.lark(f"start: TEXT | pre rest\nTEXT: {NOT_HERMES}\n"
+                                f'pre[stop={_lark_string(HERMES_OPEN)}]: /(.|\\n)*/\nrest: {rest}\n{call}')
+        return grammar.lark(f"start: {_lark_string(HERMES_OPEN)} rest\nrest: {rest}\n{call}")
+    calls = 'call ("; " call)*' if parallel else "call"
+    if optional:
+        return grammar.lark(f"start: TEXT | {_lark_string(PYTHON_TAG)}? {calls}\nTEXT: {NOT_LLAMA}\n{call}")
+    return grammar.lark(f"start: {calls}\n{call}")

@@ -191,3 +191,21 @@ def test_min_tokens_masks_out_every_end_of_sequence_until_reached():
     assert set(np.flatnonzero(allowed == 0)) == {2, 31, 63}
     mask.fill(row, 3)
     assert (row == -1).all()
+
+
+async def test_auto_holds_strict_tools_to_their_schema_and_leaves_text_free(hermes):
+    """tool_choice auto with a strict tool: the answer is text without a call, or calls whose
+    arguments fit the schema (a random model mostly writes text: what it writes is never a
+    malformed call)."""
+    async with Server(hermes, "m") as s:
+        for seed in range(4):
+            r = await s.client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "weather?"}], tools=[WEATHER, ADD], seed=seed,
+                temperature=1.0, max_tokens=40)
+            message = r.choices[0].message
+            if r.choices[0].finish_reason == "tool_calls":
+                for call in message.tool_calls:
+                    if call.function.name == "get_weather":
+                        assert set(json.loads(call.function.arguments)) == {"city", "days"}
+            else:
+                assert "<tool_call>" not in message.content and message.tool_calls is None
