@@ -137,6 +137,7 @@ def test_a_streamed_tool_call_with_bad_arguments_is_passed_on_and_not_stored():
         arguments = "".join(c.choices[0].delta.tool_calls[0].function.arguments or ""
                             for c in stream if c.choices and c.choices[0].delta.tool_calls)
         assert orjson.loads(arguments) == {"city": 7}  # as the upstream sent it, wrong type and all
+        assert [c.get("stream") for c in fake.calls] == [True]  # tools alone retry nothing behind a stream
         fake.by_seed = {0: "yes"}
         again = client(gw.url).chat.completions.with_raw_response.create(model="m1", messages=QUESTION, tools=WEATHER)
         assert again.headers["x-detgate-cache"] == "miss" and len(fake.calls) == 2
