@@ -15,7 +15,7 @@ PYTEST = $(PY) -m pytest -q -p no:cacheprovider
 REPORTS = build/test-reports
 SMOLLM2 = .cache/smollm2
 
-.PHONY: setup test serve smollm2 docs
+.PHONY: setup test serve smollm2 docs stack
 
 # The gateway alone (no torch), then `detgate serve` with whatever ARGS says.
 serve: $(VENV)/.gateway
@@ -47,3 +47,8 @@ smollm2:
 # The reference pages read off the code (tests/test_docs.py fails when they are stale).
 docs:
 	$(PY) scripts/gen_docs.py
+
+# Build the images and start the compose stack (deploy/.env first: see docs/deploy.md), waiting
+# until every service's healthcheck passes. Needs Docker Engine 23+ and Compose v2.7.0+.
+stack:
+	cd deploy && docker compose up -d --build --wait

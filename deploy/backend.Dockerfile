@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # The backend image: CUDA PyTorch (which brings Triton) plus the backend's other
 # dependencies. Build from the repository root: docker build -f deploy/backend.Dockerfile .
 # TORCH_IMAGE picks the CUDA/PyTorch pair; the driver on the host must support its CUDA.

@@ -1,7 +1,9 @@
-# syntax=docker/dockerfile:1
 # The gateway image: Python and the gateway's own dependencies, no torch. Only gateway/
 # is copied in, so the image cannot import the backend even by accident.
 # Build from the repository root: docker build -f deploy/gateway.Dockerfile .
+# No `# syntax=` line: the engine's own Dockerfile frontend builds it, so nothing is pulled
+# besides the base image. Its RUN --mount needs BuildKit, the default builder of Docker
+# Engine 23 and later, whose built-in frontend has it.
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -16,6 +18,6 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
 USER detgate
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
-  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"]
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=2)"]
 ENTRYPOINT ["detgate"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "8080"]

@@ -104,6 +104,14 @@ def test_images_build_from_files_that_exist(spec, name):
                 assert src in kept, f"{dockerfile.name}: COPY {src} is excluded by its .dockerignore"
 
 
+@pytest.mark.parametrize("name", ["gateway.Dockerfile", "backend.Dockerfile"])
+def test_dockerfiles_pull_no_frontend(name):
+    """A `# syntax=` line makes BuildKit pull a frontend image, which fails where only the
+    base images can be had: the engine's built-in frontend must do."""
+    assert not any(line.lower().replace(" ", "").startswith("#syntax=")
+                   for line in (DEPLOY / name).read_text().splitlines())
+
+
 def test_gateway_image_has_no_torch():
     text = (DEPLOY / "gateway.Dockerfile").read_text()
     copied = {src for line in text.splitlines() if line.startswith("COPY ") and "--from" not in line
