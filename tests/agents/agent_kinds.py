@@ -37,12 +37,14 @@ class Agent:
         return done.stdout.strip()
 
     def tool_outputs(self, body: dict) -> list[str]:
-        """The text of every tool output in a request body, in order."""
+        """What each command printed, in order (Codex puts a `Wall time` line, which varies,
+        in a part of its own before it)."""
         if self.name == "claude":
             return [_text(block.get("content")) for message in body.get("messages") or ()
                     if isinstance(message.get("content"), list)
                     for block in message["content"] if block.get("type") == "tool_result"]
-        return [_text(item.get("output")) for item in body.get("input") or ()
+        return [_text(item.get("output")[-1:] if isinstance(item.get("output"), list) else item.get("output"))
+                for item in body.get("input") or ()
                 if item.get("type") in ("function_call_output", "custom_tool_call_output")]
 
 

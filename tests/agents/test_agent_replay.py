@@ -146,7 +146,7 @@ def test_file_bytes_reach_the_upstream_unchanged(agent, agent_clis, fake_agent, 
     direct = agent.tool_outputs(fake.posts(agent.path)[-1].json())[-1]
     assert "\u200b" in direct and "e\u0301" in direct, f"the CLI itself changed the file: {direct!r}"
     # As on disk: Codex passes the output on whole; Claude Code's Bash drops its final line end.
-    assert direct.endswith(TRICKY.decode() if agent is CODEX else TRICKY.decode().rstrip("\r\n")), direct
+    assert direct == (TRICKY.decode() if agent is CODEX else TRICKY.decode().rstrip("\r\n")), direct
 
     fake.requests.clear()
     space = Workspace.fresh(tmp_path / "ws")
