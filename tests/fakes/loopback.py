@@ -72,7 +72,7 @@ class LoopbackServer:
         await asyncio.gather(*rest, return_exceptions=True)
 
 
-PACE_GAP_S = 0.5  # the mean pause between the writes of a paced stream; no pause exceeds 1.5x it
+PACE_GAP_S = 0.25  # the mean pause between the writes of a paced stream; no pause exceeds 1.5x it
 
 
 async def write_scattered(response: web.StreamResponse, wire: bytes, rng: random.Random, delay_s: float,
