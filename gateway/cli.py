@@ -87,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="on SIGTERM, how long requests in flight may take to finish (default 30)")
     serve.add_argument("--log-level", help="default INFO")
     serve.add_argument("--mode", choices=("normal", "record", "replay"),
-                       help="record: always call upstream and store, replacing; replay: answer only from the cache, "
-                            "a miss is a 404 replay_miss and no upstream is called (default normal)")
+                       help="record: always call upstream and store, replacing, and keep agent sessions; replay: "
+                            "answer only from the cache (a session turn whose tool outputs changed too), a miss is a "
+                            "400 replay_miss naming the nearest recording, and no upstream is called (default normal)")
     serve.add_argument("--drift-policy", choices=("keep", "rotate"),
                        help="on a new system_fingerprint: keep serving cached answers, or rotate that model's keys "
                             "to a fresh namespace (default keep)")

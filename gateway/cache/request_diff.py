@@ -60,8 +60,8 @@ async def diff_request(raw: bytes, route: str | None, headers: CIMultiDict, sett
     if not isinstance(body, dict):
         raise ValueError("the request body is not a JSON object")
     surface = SURFACES[route or route_of(body)]
-    prepared = prepare(surface, raw, asked(SimpleNamespace(headers=headers), surface), settings,
-                       Tenants.from_settings(settings), secret)
+    prepared = prepare(surface, raw, asked(SimpleNamespace(headers=headers), surface),
+                       settings.model_copy(update={"mode": "replay"}), Tenants.from_settings(settings), secret)
     if prepared.parts is None:
         raise ApiError(400, "this request is answered in parts (n > 1 split by the profile); diff one part at a time")
     apart = surface.apart(prepared.call.body)

@@ -55,7 +55,9 @@ class Prepared:
     split: tuple[tuple[str, Call], ...] = ()
     uncached: str | None = None  # why the request is passed through uncached (Surface.uncached)
     parent: str | None = None  # the id of the earlier answer it continues (Surface.parent_id)
-    parts: KeyParts | None = None  # what `key` is signed over (not for a split): sessions match on its canonical form
+    # What `key` is signed over, which sessions match on: kept in record and replay modes
+    # only (not for a split), since the memo would hold every canonical form twice.
+    parts: KeyParts | None = None
 
 
 def prepare(surface: Surface, raw: bytes, asked: Asked, settings: Settings, tenants: Tenants,
@@ -95,7 +97,8 @@ def prepare(surface: Surface, raw: bytes, asked: Asked, settings: Settings, tena
     if len(parts) == 1:
         key, signing, call = parts[0]
         return Prepared(tenant, policy.model, key, call, view, warnings, rules, policy.rewrites,
-                        uncached=surface.uncached(body), parent=surface.parent_id(body), parts=signing)
+                        uncached=surface.uncached(body), parent=surface.parent_id(body),
+                        parts=signing if settings.mode != "normal" else None)
     return Prepared(tenant, policy.model, ",".join(k for k, _, _ in parts), parts[0][2], view, warnings, rules,
                     policy.rewrites, tuple((k, c) for k, _, c in parts))
 
