@@ -154,3 +154,18 @@ def test_file_bytes_reach_the_upstream_unchanged(agent, agent_clis, fake_agent, 
     agent.answer(agent.run(space, gateway(upstream, "record").url, PROMPT))
     through = agent.tool_outputs(fake.posts(agent.path)[-1].json())[-1]
     assert through == direct
+
+
+@pytest.mark.parametrize("agent", AGENTS, **BY_NAME)
+def test_a_replay_miss_explains_itself(agent, agent_clis, fake_agent, gateway, tmp_path):
+    """A prompt that was not recorded: the agent shows the user the gateway's 400, naming the
+    nearest recording and where it differs, not a model error (Claude Code says "There's an
+    issue with the selected model" on a 404)."""
+    fake, upstream = fake_agent
+    _record(agent, fake, upstream, gateway, tmp_path / "ws")
+    replayer = gateway(upstream, "replay")
+    done = agent.run(Workspace.fresh(tmp_path / "ws"), replayer.url, PROMPT + " Then stop.")
+    shown = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert [line.get("status") for line in replayer.posts()] == [400], _cache_column(replayer)
+    assert "nearest" in shown and "selected model" not in shown, shown[-3000:]
