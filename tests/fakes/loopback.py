@@ -80,12 +80,14 @@ async def write_scattered(response: web.StreamResponse, wire: bytes, rng: random
     """Several events per TCP write, split at random, like a real provider under load.
 
     With `pace_s` the writes are spread over about that many seconds, as a model writes a
-    long answer: cut at random places, with a random pause of 0.5-1.5x PACE_GAP_S after
-    each, so no silence comes near an idle timeout of a second or more.
+    long answer: the first event at once (a provider opens its stream before it generates),
+    the rest cut at random places, with a random pause of 0.5-1.5x PACE_GAP_S after each
+    write, so no silence comes near an idle timeout of a second or more.
     """
     if pace_s:
-        writes = max(2, min(len(wire), round(pace_s / PACE_GAP_S)))
-        cuts = [0, *sorted(rng.sample(range(1, len(wire)), writes - 1)), len(wire)]
+        opened = wire.find(b"\n\n") + 2
+        writes = max(1, min(len(wire) - opened, round(pace_s / PACE_GAP_S)))
+        cuts = [0, opened, *sorted(rng.sample(range(opened + 1, len(wire)), writes - 1)), len(wire)]
         for start, end in zip(cuts, cuts[1:]):
             await response.write(wire[start:end])
             if end < len(wire):
