@@ -151,6 +151,12 @@ def replay_warning(turn: Turn, changed: list[str]) -> str:
             f"differing from the recording at {', '.join(changed[:MAX_PATHS]) + more or 'no path'}")
 
 
+def gone(turn: Turn) -> str:
+    """What a replay miss says when the turn that matches has lost its answer."""
+    return (f"Turn {turn.n} of session {_quoted(turn.session)} matches it apart from tool outputs, but its recorded "
+            "answer is no longer stored (past its TTL, or deleted): record it again or import the golden file.")
+
+
 def outside_tool_outputs(route: str, recorded: Any, sent: Any) -> list[Difference]:
     """The differences that are not what tools returned (those a replay tolerates)."""
     skip = [path for path, _, _ in tool_outputs(route, sent)] + [path for path, _, _ in tool_outputs(route, recorded)]

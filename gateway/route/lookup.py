@@ -9,13 +9,13 @@ from aiohttp import web
 from gateway.cache.entry import Entry
 from gateway.cache.feed import Feed
 from gateway.cache.modes import replay_miss, replay_unavailable
-from gateway.cache.recordings import Asking, Recordings, explain, replay_warning
+from gateway.cache.recordings import Asking, Recordings, explain, gone, replay_warning
 from gateway.cache.singleflight import Flight, Outcome, Produce
 from gateway.cache.store import StoreError
 from gateway.errors import ApiError
 from gateway.ops.watch import DRIFT
 from gateway.route.warnings import warn
-from gateway.state import GATEWAY, METRICS, SECRET, SETTINGS
+from gateway.state import CACHE, GATEWAY, METRICS, SECRET, SETTINGS
 from gateway.strategies.single import Call
 
 STATEFUL = "stateful"  # the control of a request the gateway passes through uncached (Surface.uncached)
@@ -78,6 +78,7 @@ async def _replay(request: web.Request, key: str, call: Call, asking: Asking | N
                   headers: dict[str, str]) -> Entry:
     """A replayed request whose exact key missed: the turn recorded for the same conversation
     with other tool outputs, or the replay miss that says what is nearest."""
+    request[CACHE] = "miss"  # for the access log, unless a turn answers
     if asking is None:
         raise replay_miss(key, call.body, headers)
     recordings = _recordings(request)
@@ -86,10 +87,11 @@ async def _replay(request: web.Request, key: str, call: Call, asking: Asking | N
         if found is not None:
             turn, changed = found
             entry, _, _ = await _lookup(request, turn.key)
-            if entry is not None:
-                headers["x-detgate-key"] = turn.key
-                warn(headers, replay_warning(turn, changed))
-                return entry
+            if entry is None:
+                raise replay_miss(key, call.body, headers, gone(turn))
+            headers["x-detgate-key"] = turn.key
+            warn(headers, replay_warning(turn, changed))
+            return entry
         near = await recordings.nearest(asking)
     except StoreError:
         request.app[METRICS].cache_errors.labels("get").inc()

@@ -13,7 +13,9 @@ import httpx2
 import openai
 import orjson
 import pytest
+import redis
 
+from gateway.cache.redis_store import entry_name
 from claude_http import HEADERS, MODEL, sdk, upstreams
 from gw_http import SECRET
 from test_cache_io import cli, flush
@@ -234,3 +236,14 @@ def test_cache_diff_says_whether_replay_answers_and_prints_every_difference(upst
     assert status == 1 and "replay misses it; the nearest recording is turn 1 of" in out
     assert f"messages[0].content:\n  - recorded: {orjson.dumps(PROMPT).decode()}\n  + sent:     " in out
     assert "every one. " * 20 in out  # whole, not shortened
+
+
+def test_a_matching_turn_whose_answer_is_gone_says_so(upstream, claude, gateway, redis_url):
+    record, replay = gateways(gateway, upstream, claude, redis_url)
+    recorded = tool_loop(sdk(record.url), run="first")
+    client = redis.Redis.from_url(redis_url)
+    client.delete(entry_name(recorded[1].headers["x-detgate-key"]))
+    client.close()
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        tool_loop(sdk(replay.url), run="second")
+    assert "Turn 1 of session" in caught.value.message and "answer is no longer stored" in caught.value.message
