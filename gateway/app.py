@@ -37,6 +37,7 @@ from gateway.policy.prepare import PreparedMemo
 from gateway.route.cached import cached_route
 from gateway.state import (
     ACCESS_LOG,
+    DISCOVERY,
     GATEWAY,
     METRICS,
     PREPARED,
@@ -46,6 +47,7 @@ from gateway.state import (
     Gateway,
 )
 from gateway.upstream.client import UpstreamClient
+from gateway.upstream.discovery import Discovery, discovering
 from gateway.upstream.resilience import Resilience
 
 log = logging.getLogger("detgate")
@@ -79,11 +81,13 @@ def create_app(settings: Settings) -> web.Application:
                        ((name, t.refresh) for name, t in settings.tenants.items()))
     app[TENANTS] = Tenants.from_settings(settings)
     app[PREPARED] = PreparedMemo()
+    app[DISCOVERY] = Discovery(settings, app[PREPARED].clear)
     logged = logging.getLogger("detgate.access").isEnabledFor(logging.INFO)
     # Buffered here: the interpreter's own stderr stream underneath is unbuffered.
     app[ACCESS_LOG] = AccessLog(open(sys.stderr.fileno(), "wb", buffering=ACCESS_LOG_BUFFER, closefd=False)
                                 if logged else None)
     app.cleanup_ctx.append(_resources)
+    app.cleanup_ctx.append(lambda app: discovering(app, app[DISCOVERY]))
     app.on_response_prepare.append(finish_headers)
     app.cleanup_ctx.append(watch)
     app.cleanup_ctx.append(readiness)

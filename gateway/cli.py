@@ -6,7 +6,6 @@ variable; a flag beats the environment, which beats the file, which beats the de
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from typing import Sequence
@@ -121,7 +120,6 @@ def serve(args: argparse.Namespace) -> int:
     from gateway import config
     from gateway.app import ConfigError, create_app
     from gateway.ops import logs
-    from gateway.upstream.discovery import discover
 
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     for name, flag in (("tenants", "--tenant"), ("rate_limits", "--rate-limit"), ("model_ttl_s", "--model-ttl-s")):
@@ -135,7 +133,6 @@ def serve(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError, OSError) as exc:
         return refuse(f"invalid settings: {exc}")
     logs.setup(settings.log_level)
-    settings = asyncio.run(discover(settings))
     log_credentials(settings)
     try:
         web.run_app(create_app(settings), host=settings.host, port=settings.port, access_log=None, print=None,

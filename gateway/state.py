@@ -16,6 +16,7 @@ from gateway.ops.logs import AccessLog
 from gateway.ops.metrics import Metrics
 from gateway.policy.prepare import PreparedMemo
 from gateway.upstream.client import UpstreamClient
+from gateway.upstream.discovery import Discovery
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ TENANTS = web.AppKey("tenants", Tenants)
 GATEWAY = web.AppKey("gateway", Gateway)
 ACCESS_LOG = web.AppKey("access_log", AccessLog)
 PREPARED = web.AppKey("prepared", PreparedMemo)
+# The settings as the upstreams' announced profiles amend them (gateway/upstream/discovery.py).
+DISCOVERY = web.AppKey("discovery", Discovery)
 
 # Filled in by handlers for the metrics/log middleware.
 MODEL = web.RequestKey("model", str)

@@ -146,6 +146,9 @@ def _strategy(surface: Surface, body: dict, profile: Profile, rules: Rules, hint
         name = None
     schema = _schema(surface, body, rules, name)
     check = schema is not None or _check_tools(surface, body)
+    if check and name is None and profile.decodes_strict_schemas and decoder_bound(surface, body):
+        check, schema = False, None
+        warnings.append(f"no schema check: the {profile.name} upstream decodes under this request's strict schemas")
     label = f"{name}:{rules.schema_digests[name]}" if name is not None else ""
     attempts = ((configured.attempts if configured else None) or rules.attempts) if check else 1
     feedback = rules.feedback and check
@@ -154,6 +157,26 @@ def _strategy(surface: Surface, body: dict, profile: Profile, rules: Rules, hint
         return SINGLE
     asked = k > 1 or name is not None or (check and configured is not None and configured.attempts is not None)
     return StrategySpec(k, extractor, check, schema, attempts, feedback, name_in_key, asked)
+
+
+def decoder_bound(surface: Surface, body: dict) -> bool:
+    """Whether an upstream that decodes under strict schemas holds every answer to this request
+    to its schemas: a chat request whose response_format is a strict json_schema (or
+    json_object), and whose tools, if any, are each strict or must be called."""
+    if surface.name != "chat.completions":
+        return False
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        spec = fmt.get("json_schema")
+        if not (isinstance(spec, dict) and spec.get("strict") is True):
+            return False
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        return False
+    choice = body.get("tool_choice")
+    forced = choice == "required" or isinstance(choice, dict)
+    return forced or all(isinstance(t, dict) and isinstance(t.get("function"), dict)
+                         and t["function"].get("strict") is True for t in tools)
 
 
 def _schema(surface: Surface, body: dict, rules: Rules, name: str | None) -> dict | None:

@@ -113,6 +113,10 @@ class PreparedMemo:
         self.size = size
         self._memo: dict[tuple[str, Asked, bytes], Prepared] = {}
 
+    def clear(self) -> None:
+        """Forget every preparation (the settings they were made under changed)."""
+        self._memo.clear()
+
     def get(self, surface: Surface, raw: bytes, asked: Asked, settings: Settings, tenants: Tenants,
             secret: bytes) -> Prepared:
         if len(raw) > self.MAX_BODY:

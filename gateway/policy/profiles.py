@@ -16,6 +16,7 @@ receives; what the model accepts (capabilities.py) bounds what is sent.
 | n > 1                 | a plan of n one-answer requests, or refused, by `n_policy` | same |
 | a parameter the model refuses (capabilities) | never sent: removed with a warning; a seed stays in the key | same |
 | model aliases         | `openai`, `anthropic`: public names pinned to dated snapshots (`OPENAI_ALIASES`, `ANTHROPIC_ALIASES`) | none |
+| strict schema (chat)  | answers checked against it, retried when invalid | not checked: the backend decodes under it (`decodes_strict_schemas`) |
 
 The whitebox backend samples from a generator keyed by (seed, step), so any temperature
 and top_p replays exactly once the seed is fixed; a black-box provider only promises
@@ -55,6 +56,11 @@ class Profile:
     # Whether a majority vote can add anything. Not where one seeded answer already
     # replays exactly (whitebox): there k calls would return k copies of one answer.
     votes: bool = True
+    # Whether the upstream decodes under a chat request's strict schemas (grammar-constrained:
+    # the bundled backend, vLLM, SGLang), so that its answers cannot break them: the gateway
+    # then neither checks them nor retries (apply.py), which against a seeded whitebox
+    # upstream would only fetch the same answer again.
+    decodes_strict_schemas: bool = False
     # The wire format the provider speaks natively (gateway/upstream/wires.py): the cached
     # routes its upstreams serve unless they list theirs, and how they are sent credentials.
     wire: str = "openai"
@@ -93,7 +99,8 @@ ANTHROPIC_ALIASES: dict[str, str] = {
 PROFILES: dict[str, Profile] = {
     "openai": Profile("openai", aliases=OPENAI_ALIASES),
     "generic-openai-compatible": Profile("generic-openai-compatible"),
-    "whitebox": Profile("whitebox", default_temperature=None, fix_sampling=False, votes=False),
+    "whitebox": Profile("whitebox", default_temperature=None, fix_sampling=False, votes=False,
+                        decodes_strict_schemas=True),
     "anthropic": Profile("anthropic", wire="anthropic", aliases=ANTHROPIC_ALIASES),
 }
 
@@ -149,8 +156,9 @@ def _check(p: Profile) -> None:
                          f"a stand-in for 0, got {p.zero_temperature!r}")
     if type(p.fix_sampling) is not bool:
         raise ValueError(f"profile {p.name!r}: fix_sampling must be true or false")
-    if type(p.votes) is not bool:
-        raise ValueError(f"profile {p.name!r}: votes must be true or false")
+    for flag in ("votes", "decodes_strict_schemas"):
+        if type(getattr(p, flag)) is not bool:
+            raise ValueError(f"profile {p.name!r}: {flag} must be true or false")
     if type(p.seed) is not int:
         raise ValueError(f"profile {p.name!r}: seed must be an integer")
     if p.n_policy not in ("split", "reject"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from functools import partial
 
 from aiohttp import web
 
@@ -29,6 +30,7 @@ from gateway.route.lookup import STATEFUL, find_or_fly, settle
 from gateway.route.warnings import warn
 from gateway.state import (
     CACHE,
+    DISCOVERY,
     GATEWAY,
     KEY,
     METRICS,
@@ -44,6 +46,7 @@ from gateway.strategies.fanout import merged
 from gateway.strategies.single import Call, single
 from gateway.strategies.spec import SINGLE
 from gateway.strategies.voting import choose
+from gateway.upstream.discovery import settled
 
 CACHE_CONTROLS = ("no-store", "no-cache", "only-if-cached")
 
@@ -72,7 +75,8 @@ def cached_route(surface: Surface):
     async def handler(request: web.Request) -> web.StreamResponse:
         app = request.app
         raw = await read_body(request)
-        prepared = app[PREPARED].get(surface, raw, asked(request, surface), app[SETTINGS], app[TENANTS], app[SECRET])
+        prepared = await settled(app[DISCOVERY], partial(app[PREPARED].get, surface, raw, asked(request, surface),
+                                                         tenants=app[TENANTS], secret=app[SECRET]))
         request[TENANT], request[MODEL], request[KEY] = prepared.tenant.name, prepared.model, prepared.key
         metrics = app[METRICS]
         for rule in prepared.rules:

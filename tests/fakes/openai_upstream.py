@@ -68,6 +68,7 @@ class Behaviour:
     # (ids, timestamps and stream chunking still vary); None: random words.
     answer: str | None = None
     announce_profile: str | None = None  # answer /v1/models as a detgate backend announcing this profile
+    models_status: int | None = None  # answer /v1/models with this error status (a backend still starting)
 
     # How answers end, on every route (issue 22 §3): another finish_reason than the route's
     # usual one ("length", "content_filter", vLLM's "abort"), or `unfinished`: choice 0 never
@@ -282,6 +283,9 @@ class FakeUpstream:
                                            "usage": {"prompt_tokens": 3, "total_tokens": 3}})
 
     async def _models(self, request: web.Request) -> web.Response:
+        if self.behaviour.models_status is not None:
+            return web.json_response({"error": {"message": "starting", "type": "server_error"}},
+                                     status=self.behaviour.models_status)
         model = {"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}
         if self.behaviour.announce_profile is not None:
             model["detgate"] = {"profile": self.behaviour.announce_profile}  # as a detgate backend announces itself

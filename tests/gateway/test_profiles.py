@@ -185,7 +185,8 @@ def test_enforce_is_idempotent_and_pure(params, profile):
 
 def test_user_defined_profile_from_config():
     p = profile_from_dict({"name": "local-vllm", "base": "whitebox", "seed": 42})
-    assert p == Profile("local-vllm", default_temperature=None, fix_sampling=False, seed=42, votes=False)
+    assert p == Profile("local-vllm", default_temperature=None, fix_sampling=False, seed=42, votes=False,
+                        decodes_strict_schemas=True)
     assert profile_from_dict({"name": "y", "base": "openai"}).aliases == OPENAI_ALIASES
     assert profile_from_dict({"name": "x"}) == Profile("x")
 
@@ -198,6 +199,7 @@ def test_user_defined_profile_from_config():
     ({"name": "x", "seed": "1"}, "seed"),
     ({"name": "x", "n_policy": "merge"}, "n_policy"),
     ({"name": "x", "fix_sampling": 1}, "fix_sampling"),
+    ({"name": "x", "decodes_strict_schemas": "yes"}, "decodes_strict_schemas"),
     ({"name": "x", "default_temperature": "0"}, "default_temperature"),
     ({"name": "x", "default_temperature": -1}, "default_temperature"),
 ])

@@ -150,3 +150,21 @@ def test_a_stream_that_names_a_schema_waits_for_a_valid_answer_and_says_so():
         assert orjson.loads(streamed_text(raw))["answer"] == "yes" and raw.headers["x-detgate-attempts"] == "2"
         assert "stream buffered" in raw.headers["x-detgate-warnings"]
         assert not any(c.get("stream") for c in fake.calls)  # retried whole, as asked
+
+
+STRICT_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA, "strict": True}}
+
+
+@pytest.mark.parametrize("profile, calls", [("whitebox", 1), ("generic-openai-compatible", 2)])
+def test_a_backend_that_decodes_under_strict_schemas_is_not_checked_or_retried(profile, calls):
+    """Against a whitebox upstream (grammar-constrained, seeded) a strict schema holds by
+    construction and a retry would fetch the same answer: the gateway says so and sends one
+    call. A black box is checked and retried as ever."""
+    fake = NoisyUpstream(by_seed={0: INVALID, 1: "yes"})
+    with noisy_gateway(fake, {"profile": profile}) as gw:
+        r = ask(gw, response_format=STRICT_FORMAT)
+        assert len(fake.calls) == calls
+        warnings = r.headers.get("x-detgate-warnings", "")
+        assert ("no schema check" in warnings) == (profile == "whitebox")
+        nonstrict = ask(gw, response_format=SCHEMA_FORMAT)   # not strict: checked everywhere
+        assert nonstrict.headers["x-detgate-attempts"] == "2"
