@@ -53,6 +53,20 @@ class ErrorEvent(UpstreamError):
         self.event = frame(payload, "error")
 
 
+def error_frame(exc: UpstreamError) -> bytes:
+    """A failure the gateway tells after a stream's headers left, as the Responses wire tells
+    one: an `error` event (type, code, message, param), which the SDKs surface as such."""
+    try:
+        told = orjson.loads(exc.payload())
+    except orjson.JSONDecodeError:
+        told = None
+    error = told.get("error") if isinstance(told, dict) and isinstance(told.get("error"), dict) else {}
+    event = {"type": "error", "code": error.get("code") or error.get("type") or "upstream_error",
+             "message": str(error.get("message") or f"upstream failed with status {exc.status}"),
+             "param": error.get("param")}
+    return frame(orjson.dumps(event), "error")
+
+
 def check(upstream: str, parsed: Any, payload: bytes) -> dict:
     """A completed response; raises NotAnAnswer, Unfinished or the upstream's error."""
     if not isinstance(parsed, dict):

@@ -315,7 +315,7 @@ class Responses(Surface):
             return b""  # its own terminal event has gone out live
         if isinstance(exc, events.ErrorEvent):
             return exc.event
-        return super().in_band_error(exc)
+        return events.error_frame(exc)
 
     def answer_id(self, body: bytes) -> str | None:
         try:

@@ -8,6 +8,8 @@ checks for the cases the tests aim at: a key (`x-api-key`, or a bearer token) an
 family takes (the newest Claude models take none, the 4.5/4.6 generation not temperature
 and top_p together, extended thinking no temperature but 1 and no top_k). It can be told
 to fail, to send an `error` event or break a stream off, and it records what it was sent.
+Given `faults` (fakes/faults.py), each call fails as that plan draws, in Anthropic's own
+shapes: 500 api_error, 429 rate_limit_error, 529 overloaded_error, an `error` event mid-stream.
 A `container` must name one it made (else a 404); a request naming one, or offering the
 code execution tool, is answered with its container (a new one when none is named).
 
@@ -26,6 +28,7 @@ from fnmatch import fnmatchcase
 import orjson
 from aiohttp import web
 
+from fakes.faults import FAULT, Faults, drop
 from fakes.loopback import write_scattered
 from fakes.openai_upstream import WORDS, Noise, dumps, serve
 
@@ -69,6 +72,7 @@ class FakeAnthropic:
     headers: list[dict[str, str]] = field(default_factory=list)  # each call's headers, names lower-cased
     check_key: bool = True  # off only when run alone for benchmarks, where no key is configured
     stream_ends: list[float] = field(default_factory=list)  # time.monotonic() as each whole stream was sent
+    faults: Faults | None = None  # a fault per call, for load runs (bench/load_faults.py)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.noise.seed)
@@ -113,7 +117,26 @@ class FakeAnthropic:
             if b.fail_status in (429, 529) and b.retry_after:
                 response.headers["retry-after"] = b.retry_after
             return body, response
+        if self.faults is not None:
+            return body, await self._early(request, body)
         return body, None
+
+    async def _early(self, request: web.Request, body: dict) -> web.StreamResponse | None:
+        """The answer to a fault that strikes before the message starts; None: answer."""
+        request[FAULT] = fault = self.faults.next()
+        if fault == "error_event" and body.get("stream"):
+            return None  # told mid-stream
+        status = {"500": 500, "429": 429, "failed": 529, "error_event": 529}.get(fault)
+        if status is not None:
+            response = _error(status, "Overloaded" if status == 529 else f"fake failure {secrets.token_hex(4)}")
+            if status == 429:
+                response.headers["retry-after"] = f"{self.faults.plan.retry_after:g}"
+            return response
+        if fault == "reset":
+            return drop(request)
+        if fault == "slow_first_byte":
+            await asyncio.sleep(self.faults.plan.slow_first_byte_s)
+        return None
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         body, failure = await self._begin(request)
@@ -135,9 +158,15 @@ class FakeAnthropic:
             message["container"] = {"id": container, "expires_at": "2099-01-01T00:00:00Z"}
         if self.behaviour.error_200:
             return web.json_response(_error_body(529, "overloaded"), dumps=dumps)
+        fault = request.get(FAULT)
         if not body.get("stream"):
+            if fault in ("stall", "broken"):
+                return await self.faults.whole(request, orjson.dumps(message), fault)
             return web.json_response(message, dumps=dumps)
-        return await self._stream(request, self._events(message))
+        events = self._events(message)
+        if fault == "error_event":
+            events = events[:self.faults.cut(len(events))] + [_error_body(529, "Overloaded")]
+        return await self._stream(request, events)
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
         body, failure = await self._begin(request)
@@ -258,10 +287,16 @@ class FakeAnthropic:
     async def _stream(self, request: web.Request, events: list[dict]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        cut = self.behaviour.break_stream_after
+        cut, stall_s = self.behaviour.break_stream_after, None
+        fault = request.get(FAULT)
+        if fault in ("stall", "broken"):
+            cut = self.faults.cut(len(events))
+            stall_s = self.faults.plan.stall_s if fault == "stall" else None
         wire = b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events[:cut])
         await write_scattered(response, wire, self.rng, self.behaviour.chunk_delay_s, self.behaviour.pace_s)
         if cut is not None:
+            if stall_s is not None:
+                await asyncio.sleep(stall_s)
             if request.transport is not None:
                 request.transport.close()  # a dropped connection, not a clean end
             return response

@@ -1,7 +1,9 @@
 """The fake provider with faults, served on the caller's own event loop, whose listener can
 be closed and reopened on the same port (clients then get ECONNREFUSED in between).
 
-Answers come from openai_upstream.FakeUpstream; which call fails how, from faults.Faults.
+Answers come from openai_upstream.FakeUpstream (chat, completions, embeddings, Responses)
+and, on /v1/messages, anthropic_upstream.FakeAnthropic; which call fails how, from one
+faults.Faults, each wire failing in its own shapes.
 
     async with FaultUpstream(FaultPlan(weights={"ok": 9, "500": 1}), seed=1) as up:
         ... post to up.url + "/chat/completions" ...
@@ -22,6 +24,7 @@ if __package__ in (None, ""):  # run as a script: make `fakes` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fakes.faults import FAULTS, FaultPlan, Faults, parse_weights  # noqa: E402
+from fakes.anthropic_upstream import FakeAnthropic  # noqa: E402
 from fakes.openai_upstream import FakeUpstream, Noise  # noqa: E402
 
 
@@ -30,6 +33,8 @@ class FaultUpstream:
         self.faults = Faults(plan, seed)
         self.fake = FakeUpstream(Noise(seed=seed), faults=self.faults)
         self.fake.behaviour.chunk_delay_s = chunk_delay_s
+        self.claude = FakeAnthropic(Noise(seed=seed), check_key=False, faults=self.faults)
+        self.claude.behaviour.chunk_delay_s = chunk_delay_s
         self.host = "127.0.0.1"
         self.port = 0
         self._runner: web.AppRunner | None = None
@@ -52,7 +57,9 @@ class FaultUpstream:
         return f"http://{self.host}:{self.port}/v1"
 
     async def start(self, port: int = 0) -> FaultUpstream:
-        self._runner = web.AppRunner(self.fake.app(), handle_signals=False)
+        app = self.fake.app()
+        app.router.add_post("/v1/messages", self.claude._messages)
+        self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, self.host, port)
         await self._site.start()

@@ -10,6 +10,11 @@ from a script first, then at random by weight from a seeded RNG.
                      (a non-stream request just hangs for `stall_s`, then drops)
     broken           the connection drops mid-body: a stream without [DONE], or a JSON
                      body shorter than its Content-Length
+    failed           the wire's own failure of an answer begun (Responses: a `response.failed`
+                     stream or a 200 body with status failed; Anthropic: 529 overloaded_error);
+                     an answer elsewhere
+    error_event      an `error` event mid-stream (Responses: server_error; Anthropic:
+                     overloaded_error), a 500 (Anthropic: 529) for a body; an answer elsewhere
 
 Refused connections are a property of the listener, not of a call: see
 fault_upstream.FaultUpstream.refuse().
@@ -26,7 +31,8 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
-FAULTS = ("ok", "500", "429", "reset", "slow_first_byte", "stall", "broken")
+FAULT = web.RequestKey("fault", str)  # the fault Faults.next() chose for a call, for its route's handler
+FAULTS = ("ok", "500", "429", "reset", "slow_first_byte", "stall", "broken", "failed", "error_event")
 
 
 @dataclass

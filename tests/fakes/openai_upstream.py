@@ -32,7 +32,7 @@ from fakes import responses_upstream
 if TYPE_CHECKING:
     from fakes.faults import Faults
 
-FAULT = web.RequestKey("fault", str)  # the fault faults.Faults chose for this call
+from fakes.faults import FAULT  # noqa: E402
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
          "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()

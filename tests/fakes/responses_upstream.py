@@ -21,6 +21,7 @@ stream, or a 200 body with status failed) or "error" (an `error` event mid-strea
 """
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from fakes.faults import FAULT
 from fakes.loopback import write_scattered
+
+# Faults the Responses wire tells in its own words: `metadata.fake`'s ways of failing.
+_WIRE_FAULTS = {"failed": "failed", "error_event": "error"}
 
 
 def dumps(obj) -> str:
@@ -82,7 +87,7 @@ class FakeResponses:
         for item in items:
             if item.get("type") == "item_reference" and item.get("id") not in self.items:
                 return _error(404, f"Item with id '{item.get('id')}' not found.", "input", None)
-        how = _dict(body.get("metadata")).get("fake")
+        how = _dict(body.get("metadata")).get("fake") or _WIRE_FAULTS.get(request.get(FAULT) or "")
         if how == "error" and not body.get("stream"):
             return web.json_response({"error": {"message": "The server had an error processing your request.",
                                                 "type": "server_error", "param": None, "code": "server_error"}},
@@ -97,7 +102,7 @@ class FakeResponses:
             self.items.update((item["id"], item) for item in [*items, *response["output"]] if "id" in item)
         if not body.get("stream"):
             return await self.fake._whole(request, response)
-        return await self._stream(request, self._events(response, how))
+        return await self._stream(request, self._events(response, how), request.get(FAULT))
 
     async def retrieve(self, request: web.Request) -> web.Response:
         found = self.stored.get(request.match_info["id"])
@@ -257,17 +262,23 @@ class FakeResponses:
         out.append({"type": "response.output_item.done", "output_index": index, "item": item})
         return out
 
-    async def _stream(self, request: web.Request, events: list[dict]) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, events: list[dict], fault: str | None = None) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         behaviour, rng = self.fake.behaviour, self.fake.rng
-        cut = behaviour.break_stream_after
+        cut, stall_s = behaviour.break_stream_after, None
+        if fault in ("stall", "broken"):  # fakes/faults.py, as the chat stream takes them
+            cut = self.fake.faults.cut(len(events))
+            stall_s = self.fake.faults.plan.stall_s if fault == "stall" else None
         wire = b"".join(b"event: " + e["type"].encode() + b"\ndata: "
                         + orjson.dumps({"type": e["type"], "sequence_number": n, **e}) + b"\n\n"
                         for n, e in enumerate(events[:cut]))
         await write_scattered(response, wire, rng, behaviour.chunk_delay_s, behaviour.pace_s)
-        if cut is not None and request.transport is not None:
-            request.transport.close()  # a dropped connection, not a clean end
+        if cut is not None:
+            if stall_s is not None:
+                await asyncio.sleep(stall_s)
+            if request.transport is not None:
+                request.transport.close()  # a dropped connection, not a clean end
             return response
         await response.write_eof()
         self.fake.stream_ends.append(time.monotonic())

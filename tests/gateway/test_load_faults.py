@@ -1,6 +1,7 @@
 """A small load + fault run (bench/load_faults.py) through two real gateway processes, over
-all three routes, streamed and not: Redis is killed -9 and restarted while the upstream
-fails in every way it can.
+all five routes (Responses and Messages with tools and chained turns), streamed and not:
+Redis is killed -9 and restarted while the upstream fails in every way it can, each wire in
+its own shapes.
 Nothing may be lost and no stored entry may be partial, an error, or change under a reader."""
 import json
 import subprocess
@@ -26,3 +27,8 @@ def test_nothing_lost_and_nothing_corrupt_under_faults(tmp_path):
     assert report["answered_ok"] > 0 and report["outcomes"].get("ok:hit", 0) > 0
     # Answers given while Redis was down say so, and only those: every other answer came from the store.
     assert report["bypass"] > 0 and report["first_fill_differs_from_entry"] == 0
+    # A live stream differs from its entry only when Redis died while its answer was made.
+    assert report["live_stream_differs_from_entry"] == report["live_stream_differs_across_kill"]
+    assert report["live_stream_differs_from_entry"] <= report["live_streams_across_kill"]
+    routes = report["outcomes_by_route"]
+    assert all(routes.get(f"{route} ok", 0) > 0 for route in ("chat", "text", "embed", "resp", "msg"))

@@ -77,6 +77,7 @@ def test_a_stream_cut_short_is_not_stored(upstream, gateway):
     fake.behaviour.break_stream_after = 4
     cut = post(gw.url, "/v1/responses", {**ASK, "stream": True})
     assert cut.status == 200 and b"upstream_stream_broken" in sse_payloads(cut.body)[-1]
+    assert event_types(cut.body)[-1] == "error"  # the wire's own error event, as the SDKs read one
     fake.behaviour.break_stream_after = None
     assert post(gw.url, "/v1/responses", {**ASK, "stream": True}).cache == "miss" and len(fake.calls) == 2
 
