@@ -83,7 +83,9 @@ def check(upstream: str, parsed: Any, payload: bytes) -> dict:
 
 
 def synthesized(response: dict) -> tuple[bytes, bytes]:
-    """(the frames before the end, the response.completed frame) that stream `response`."""
+    """(the frames before the end, the terminal frame) that stream `response`: its status
+    names the terminal event (response.completed, or response.failed / .incomplete for an
+    answer passed on unfinished)."""
     numbers = count()
     frames: list[bytes] = []
 
@@ -97,7 +99,9 @@ def synthesized(response: dict) -> tuple[bytes, bytes]:
     emit("response.in_progress", response=opening)
     for index, item in enumerate(response["output"]):
         _item_events(emit, index, item if isinstance(item, dict) else {})
-    end = emit(COMPLETED, response=response)
+    status = response.get("status")
+    end = emit(f"response.{status}" if isinstance(status, str) and _EVENT_NAME.match(status) else COMPLETED,
+               response=response)
     frames.pop()
     return b"".join(frames), end
 

@@ -310,6 +310,14 @@ class Responses(Surface):
     def stream_end(self, entry: Entry, view: View) -> bytes:
         return self.echo_frame(entry.tail, view)
 
+    def passed_on(self, payload: bytes, view: View) -> tuple[bytes, str]:
+        # A stream's reader whose flight fetched the answer whole (it joined a body's
+        # request) is sent it as a stream all the same, ending in its own terminal event.
+        if not view.stream:
+            return self.echo_body(payload, view), "application/json"
+        stream, end = events.synthesized(orjson.loads(payload))
+        return self.echo_stream(stream, view) + self.echo_frame(end, view), "text/event-stream"
+
     def in_band_error(self, exc: UpstreamError) -> bytes:
         if isinstance(exc, events.Unfinished):
             return b""  # its own terminal event has gone out live

@@ -247,6 +247,11 @@ class Surface:
             return frames
         return b"".join(self.echo_frame(one + b"\n\n", view) for one in frames.split(b"\n\n")[:-1])
 
+    def passed_on(self, payload: bytes, view: View) -> tuple[bytes, str]:
+        """An answer passed on unfinished with its 200 and never stored (a failed or
+        incomplete response), as this reader asked for it: (its bytes, their content type)."""
+        return payload, "application/json"
+
     def in_band_error(self, exc: UpstreamError) -> bytes:
         """The frame that tells a stream's reader the upstream failed after its headers left."""
         return exc.frame(self.errors)

@@ -44,6 +44,9 @@ async def answer(request: web.Request, tenant: Tenant, surface: Surface, flight:
             outcome = await asyncio.shield(flight.task)
         except UpstreamError as exc:
             await _own_passed_on(request, tenant, surface, exc)
+            if exc.status == 200 and exc.body is not None:  # an answer passed on unfinished
+                body, kind = surface.passed_on(exc.body, view)
+                return web.Response(body=body, content_type=kind, headers={**headers, "x-detgate-cache": cache})
             return upstream_error(exc, surface, {**headers, "x-detgate-cache": cache})
         cache = settle(request, outcome, cache, headers)
         if surface.names_state:

@@ -6,6 +6,7 @@ finds its own (issue 44)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import orjson
 
@@ -69,3 +70,29 @@ def test_coalesced_live_streams_each_show_their_own_request_id(upstream, claude,
         assert [r["metadata"] for r in responses] == [{"request_id": request_id}] * 3
     replayed = api.responses.with_raw_response.create(**ASK, metadata={"request_id": "r-0"}, stream=True)
     assert frames_with_response(replayed.http_response.read()) == got["r-0"][1]  # live and replay alike
+
+
+def test_an_unfinished_answer_is_passed_on_in_the_shape_and_with_the_fields_each_reader_asked(
+        upstream, claude, gateway, redis_url):
+    """A stream that joined a body's call which failed gets a stream ending in response.failed,
+    not the body, and each reader its own metadata; nothing is stored."""
+    fake, _ = upstream
+    fake.behaviour.delay_s = 0.3  # the stream joins the body's call in flight
+    gw = start(gateway, upstream, claude, redis_url)
+    api = openai_as(gw, "alice")
+    got = {}
+
+    def body() -> None:
+        got["body"] = api.responses.with_raw_response.create(**ASK, metadata={"fake": "failed", "request_id": "r-0"})
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    time.sleep(0.1)
+    stream = api.responses.with_raw_response.create(**ASK, metadata={"request_id": "r-1"}, stream=True)
+    thread.join()
+    assert len(fake.calls) == 1 and stream.headers["x-detgate-cache"] == "coalesced"
+    assert stream.headers["content-type"].startswith("text/event-stream")
+    names = [name for name, _ in events(stream.http_response.read())]
+    assert names[0] == "response.created" and names[-1] == "response.failed"
+    assert {r["metadata"]["request_id"] for r in frames_with_response(stream.http_response.read())} == {"r-1"}
+    assert got["body"].parse().status == "failed" and got["body"].parse().metadata["request_id"] == "r-0"
