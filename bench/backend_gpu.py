@@ -99,7 +99,14 @@ def step_bytes(shape: dict, concurrency: int, context: int) -> tuple[int, int]:
     h, i, d, layers = shape["hidden_size"], shape["intermediate_size"], shape["head_dim"], shape["num_layers"]
     q, kv = shape["num_heads"] * d, shape["num_kv_heads"] * d
     per_layer = h * (q + 2 * kv) + q * h + 2 * h * i + i * h
-    weights = 2 * (layers * per_layer + shape["vocab_size"] * h)
+    moe = shape.get("moe")
+    if moe:
+        # Every layer sparse (the shapes here list none dense): the router, and the experts the step's
+        # tokens choose, expected distinct under uniform routing (random weights route near so).
+        e, k = moe["num_experts"], moe["num_experts_per_tok"]
+        active = e * (1 - (1 - k / e) ** concurrency)
+        per_layer = h * (q + 2 * kv) + q * h + h * e + active * 3 * h * moe["moe_intermediate_size"]
+    weights = round(2 * (layers * per_layer + shape["vocab_size"] * h))
     return weights, 2 * concurrency * context * layers * 2 * kv
 
 

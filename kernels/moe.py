@@ -40,9 +40,12 @@ from kernels.mode import get_mode, use_triton
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) by regime. BLOCK_K is the matmul's (kernels.matmul.
 # BLOCK_K), the one constant of the summation order; the tiles only decide which program owns
 # a row, and every one of them gives the same bits (tests/kernels/test_moe.py, on the GPU).
+# The fastest of bench/backend_moe.py's variants on an H200 at the 30B-A3B shape (bench/results/
+# backend_moe_h200.md): one token's experts 42.5 -> 33.1 us with 8 warps instead of 4, 32 tokens'
+# 327.5 -> 295.6 us; 64-row tiles were slower at 32 and 256 tokens (539, 549 us).
 CONFIGS = {
-    "slot": (16, 64, 4, 4),     # a block per slot (decode of a few requests): weight reads only
-    "small": (16, 64, 4, 4),    # sorted, few slots per expert
+    "slot": (16, 64, 8, 4),     # a block per slot (decode of a few requests): weight reads only
+    "small": (16, 64, 8, 4),    # sorted, few slots per expert
     "large": (64, 128, 4, 3),   # sorted, prefill: enough rows per expert for a 64-row tile
 }
 # At most this many slots (tokens x top k) run a block per slot: no sort, no layout launch, and
