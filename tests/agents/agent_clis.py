@@ -99,9 +99,7 @@ def codex_config(base_url: str) -> str:
             'name = "detgate"\n'
             f'base_url = "{base_url}/v1"\n'
             'wire_api = "responses"\n'
-            'env_key = "OPENAI_API_KEY"\n'
-            'request_max_retries = 0\n'
-            'stream_max_retries = 0\n')
+            'env_key = "OPENAI_API_KEY"\n')
 
 
 def run_codex(space: Workspace, base_url: str, prompt: str, *, timeout: float = 180) -> subprocess.CompletedProcess:
