@@ -100,16 +100,19 @@ class FakeAgentUpstream:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         pause = self.pace_s / max(len(events), 1)  # a slow model: its events spread evenly over pace_s
-        for name, data in events:
+        for n, (name, data) in enumerate(events):
+            if n and pause:
+                await asyncio.sleep(pause)
             wire = b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
             at = 0
             while at < len(wire):  # an event may be split across writes, as on a real connection
                 step = self.rng.randint(1, 300)
                 await response.write(wire[at:at + step])
                 at += step
-            if pause:
-                await asyncio.sleep(pause)
-        await response.write_eof()
+        try:
+            await response.write_eof()
+        except ConnectionResetError:  # Codex hangs up as soon as it has read response.completed
+            pass
         return response
 
     async def _unknown(self, request: web.Request) -> web.Response:
