@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine: a real redis-server and
 # prometheus (the cache and dashboard tests run against real servers), npm and faketime (the
-# agent tests), then, in the
-# virtualenv $VENV (scripts/venv.sh), CPU torch for the backend and kernel tests and the
-# package itself with its extras.
+# agent tests), then, in the virtualenv $VENV (scripts/venv.sh), CPU torch for the backend
+# and kernel tests and the package itself with its extras.
 set -euo pipefail
 VENV=${VENV:-.venv}
 need=()

@@ -124,7 +124,6 @@ def test_session_replays_when_a_tool_output_changes(agent, agent_clis, fake_agen
 
     replayer = gateway(upstream, "replay")
     space = Workspace.fresh(tmp_path / "ws")
-    agent.arm(fake, space, volatile=True)
     done = agent.run(space, replayer.url, PROMPT)
     _all_hits(replayer, recorded)
     assert agent.answer(done) == answer

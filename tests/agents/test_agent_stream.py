@@ -10,7 +10,7 @@ import time
 import orjson
 
 from agent_clis import Workspace, claude_command
-from agent_kinds import CLAUDE
+from agent_kinds import CLAUDE, CODEX
 from agent_scripts import PROMPT
 
 PACE_S = 30.0
@@ -48,3 +48,22 @@ def test_claude_code_streams_live_from_a_slow_model(agent_clis, fake_agent, gate
     done = CLAUDE.run(space, replayer.url, PROMPT)
     assert [line.get("cache") for line in replayer.posts()] == ["hit"]
     assert CLAUDE.answer(done) == result["result"]
+
+
+def test_codex_finishes_a_turn_slower_than_the_idle_timeout(agent_clis, fake_agent, gateway, tmp_path):
+    """Codex prints nothing until a turn is done, so its first byte cannot be timed from
+    outside; what it shows is that a turn longer than the idle timeout (12 s against 5 s, its
+    events never more than half a second apart) is not cut off, and replays once stored."""
+    fake, upstream = fake_agent
+    fake.pace_s = 12.0
+    recorder = gateway(upstream, "record", "--upstream-idle-timeout-s", "5")
+    started = time.monotonic()
+    answer = CODEX.answer(CODEX.run(Workspace.fresh(tmp_path / "ws"), recorder.url, PROMPT))
+    assert time.monotonic() - started >= 12.0
+    recorder.__exit__(None, None, None)
+
+    fake.pace_s = 0.0
+    replayer = gateway(upstream, "replay")
+    done = CODEX.run(Workspace.fresh(tmp_path / "ws"), replayer.url, PROMPT)
+    assert [line.get("cache") for line in replayer.posts()] == ["hit"]
+    assert CODEX.answer(done) == answer
