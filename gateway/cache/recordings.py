@@ -24,7 +24,7 @@ from gateway.cache.sessions import (
     tool_outputs,
     unseal,
 )
-from gateway.policy.json_diff import Difference, differences, shorten, similarity
+from gateway.policy.json_diff import Difference, differences, leaves, shorten, similarity
 from gateway.policy.keys import KeyParts, chained, sign
 from gateway.policy.prepare import Prepared
 
@@ -127,7 +127,7 @@ class Recordings:
         own = session_tag(self.secret, tenant, asking.session)
         listing = await self.store.sessions(tenant)
         order = ([own] if own in listing else []) + sorted(s for s in listing if s != own)
-        sent = asking.document()
+        sent = leaves(asking.document())
         best, compared = None, 0
         for session in order:
             for value in (await self.store.turns(tenant, session)).values():
@@ -135,7 +135,7 @@ class Recordings:
                 if turn is None or turn.route != parts.route or turn.model != asking.model:
                     continue
                 compared += 1
-                score = similarity(turn.document(), sent)
+                score = similarity(leaves(turn.document()), sent)
                 if best is None or (score, turn.at_ms) > (best[0], best[1].turn.at_ms):
                     best = (score, Found(turn, session == own))
                 if compared >= MAX_COMPARED:

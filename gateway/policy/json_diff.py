@@ -83,10 +83,15 @@ def _leaves(value: Any, path: str = "") -> Iterator[tuple[str, bytes]]:
         yield path, orjson.dumps(value)
 
 
-def similarity(a: Any, b: Any) -> float:
-    """The share of (path, value) leaves the two have in common, 0 to 1: a conversation that
-    shares more of its messages with a recording, word for word and in place, is nearer."""
-    left, right = Counter(_leaves(a)), Counter(_leaves(b))
+def leaves(doc: Any) -> Counter:
+    """A document's (path, value) leaves, for `similarity`."""
+    return Counter(_leaves(doc))
+
+
+def similarity(left: Counter, right: Counter) -> float:
+    """The share of (path, value) leaves two documents have in common, 0 to 1: a
+    conversation that shares more of its messages with a recording, word for word and in
+    place, is nearer."""
     total = max(sum(left.values()), sum(right.values()))
     return sum((left & right).values()) / total if total else 1.0
 
