@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import orjson
@@ -46,8 +46,8 @@ class Asking:
     def document(self) -> Any:
         return orjson.loads(self.parts.canonical)
 
-    def masked_key(self, secret: bytes, form: bytes) -> str:
-        key = masked_key(secret, self.parts, form)
+    def bound(self, secret: bytes, key: str) -> str:
+        """A key bound to what this request's answers are kept apart by."""
         return chained(secret, key, "#" + self.apart) if self.apart else key
 
 
@@ -87,32 +87,36 @@ class Recordings:
         session = session_tag(self.secret, tenant, asking.session)
         form = masked(parts.route, parts.canonical)
         turn = Turn(asking.session, await self.store.count(tenant, session), int(time.time() * 1000), parts.route,
-                    asking.model, key, asking.masked_key(self.secret, form) if form else None, parts.canonical)
+                    asking.model, key, self.masked_key(asking, form) if form else None, parts.canonical)
         sealed = seal(self.secret, tenant, session, turn)
         return await self.store.add(tenant, session, asking.session, (key, sealed, turn.masked))
 
-    def key(self, asking: Asking, canonical: bytes) -> str:
-        """The entry key this request would have with the keyed form `canonical`."""
-        key = self.rotated(sign(self.secret, replace(asking.parts, canonical=canonical)), asking.upstream,
-                           asking.model)
-        return chained(self.secret, key, "#" + asking.apart) if asking.apart else key
+    def key(self, asking: Asking) -> str:
+        """The entry key of the request, as the cache has it now."""
+        return asking.bound(self.secret, self.rotated(sign(self.secret, asking.parts), asking.upstream, asking.model))
+
+    def masked_key(self, asking: Asking, form: bytes) -> str:
+        """The request's masked key, in the namespace its model's keys are in now (a drift
+        rotation leaves the turns recorded before it behind, as it leaves their entries)."""
+        key = self.rotated(masked_key(self.secret, asking.parts, form), asking.upstream, asking.model)
+        return asking.bound(self.secret, key)
 
     async def same_but_tool_outputs(self, asking: Asking) -> tuple[Turn, list[str]] | None:
         """The turn recorded for this conversation with other tool outputs, and the paths of
         the outputs that differ: the one that differs in fewest, the latest of those. Only a
-        turn whose entry key is the one this request would have with the turn's keyed form
-        counts: recorded for this tenant, upstream, model, strategy and keyed headers."""
+        turn sealed with this masked key counts: recorded for this tenant, upstream, model,
+        strategy and keyed headers, whatever an index entry says."""
         parts = asking.parts
         form = masked(parts.route, parts.canonical)
         if form is None:
             return None
         tenant = tenant_tag(self.secret, parts.tenant)
-        sent = asking.document()
+        sent, masked_as = asking.document(), self.masked_key(asking, form)
         best = None
-        for session, key in (await self.store.candidates(tenant, asking.masked_key(self.secret, form)))[:MAX_CANDIDATES]:
+        for session, key in (await self.store.candidates(tenant, masked_as))[:MAX_CANDIDATES]:
             value = await self.store.turn(tenant, session, key)
             turn = None if value is None else unseal(self.secret, tenant, session, value)
-            if turn is None or self.key(asking, turn.canonical) != turn.key:
+            if turn is None or turn.masked != masked_as or turn.key != key:
                 continue
             changed = changed_outputs(parts.route, turn.document(), sent)
             if best is None or (len(changed), -turn.at_ms) < (len(best[1]), -best[0].at_ms):

@@ -67,7 +67,7 @@ async def diff_request(raw: bytes, route: str | None, headers: CIMultiDict, sett
     apart = surface.apart(prepared.call.body)
     recordings = Recordings(sessions, secret, rotation(secret, epochs))
     request = asking(prepared, headers, apart)
-    key = recordings.key(request, prepared.parts.canonical)
+    key = recordings.key(request)
     say(f"route {surface.name}, model {prepared.model}, tenant {prepared.tenant.name}, key {key}")
     if await store.get(key) is not None:
         say("replay answers it: this exact request is recorded")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 import orjson
@@ -93,8 +93,11 @@ def masked(route: str, canonical: bytes) -> bytes | None:
 
 
 def masked_key(secret: bytes, parts: KeyParts, masked_form: bytes) -> str:
-    """The key of a request's masked form; never an entry key (its route says so)."""
-    return sign(secret, replace(parts, route=parts.route + "+tool-outputs", canonical=masked_form))
+    """The key of a request's masked form; never an entry key (its route says so). Made of
+    what the request is keyed on (tenant, upstream, model, strategy, keyed headers) and its
+    masked form only: not of which key rules fired, which a tool output may decide."""
+    return sign(secret, KeyParts(parts.tenant, parts.upstream, parts.model, parts.route + "+tool-outputs",
+                                 parts.strategy, masked_form, parts.headers))
 
 
 def changed_outputs(route: str, recorded: Any, sent: Any) -> list[str]:

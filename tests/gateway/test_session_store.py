@@ -72,6 +72,10 @@ async def test_a_turn_serves_only_its_own_tenant_and_request(recordings):
     assert await recordings.nearest(asking(conversation("b"), tenant="beta")) is None
     # The same masked form for another model: recorded under another key, so not this request's.
     assert await recordings.same_but_tool_outputs(asking(conversation("b"), model="claude-y")) is None
+    # Once a drift rotation moved the model's keys to a new namespace, its turns stay behind.
+    rotated = Recordings(recordings.store, SECRET, lambda key, upstream, model: key + "@2")
+    assert await rotated.same_but_tool_outputs(asking(conversation("b"))) is None
+    assert (await recordings.same_but_tool_outputs(asking(conversation("b"))))[1] == ["messages[2].content[0].content"]
 
 
 async def test_nearest_prefers_the_requests_own_session(recordings):
@@ -93,8 +97,8 @@ async def test_an_imported_session_replaces_the_stored_one_and_a_forged_turn_is_
         await recordings.record(asking(doc), key_of(asking(doc)))
     kept = key_of(asking(conversation("a")))
     value = await store.turn(tenant, session, kept)
-    indexed = await store.candidates(tenant, asking(conversation("a")).masked_key(
-        SECRET, masked("messages", canonical_json(conversation("a")))))
+    indexed = await store.candidates(tenant, recordings.masked_key(
+        asking(conversation("a")), masked("messages", canonical_json(conversation("a")))))
     assert indexed == [(session, kept)]
     await store.put(tenant, session, "run-1", [(kept, value, None)])
     assert list(await store.turns(tenant, session)) == [kept] and await store.count(tenant, session) == 1
