@@ -81,6 +81,20 @@ def bare_server(port: int, body_dir: str) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
+def trace_sink(port: int) -> None:
+    """An OTLP/HTTP endpoint that takes span exports and drops them: the traced gateway's
+    collector, so that the row measures the gateway's own cost of tracing."""
+    from aiohttp import web
+
+    async def traces(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(content_type="application/x-protobuf")
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_post("/v1/traces", traces)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
 def wrk_script(directory: Path, name: str, body: bytes | None) -> Path:
     path = directory / f"{name}.lua"
     if body is not None:
@@ -126,9 +140,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="detgate gateway benchmark")
     parser.add_argument("--seconds", type=int, default=5, help="duration of each wrk run")
     parser.add_argument("--bare", nargs=2, metavar=("PORT", "BODY_DIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--sink", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare:
         return bare_server(int(args.bare[0]), args.bare[1])
+    if args.sink:
+        return trace_sink(args.sink)
     for tool in ("wrk", "redis-server"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is not installed (Debian: apt-get install {tool})")
@@ -143,7 +160,8 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="detgate-bench-"))
     try:
-        ports = {name: free_port() for name in ("upstream", "claude", "redis", "memory", "redisgw", "redisfar", "bare")}
+        ports = {name: free_port() for name in ("upstream", "claude", "redis", "memory", "redisgw", "redisfar", "bare",
+                                                "traced", "sink")}
         pids = {}
         pids["upstream"] = spawn([sys.executable, "tests/fakes/openai_upstream.py", "--port", str(ports["upstream"]), "--words", "30", "30"])
         spawn(["redis-server", "--port", str(ports["redis"]), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -158,8 +176,14 @@ def main() -> None:
         pids["redis, no near cache"] = spawn([sys.executable, "-m", "gateway", "serve", "--port", str(ports["redisfar"]),
                                               *upstreams, "--secret", SECRET, "--near-cache-ttl-s", "0",
                                               "--redis-url", f"redis://127.0.0.1:{ports['redis']}/0"])
+        # The same in-process gateway with tracing on, exporting to a sink: beside "memory" (off).
+        spawn([sys.executable, str(Path(__file__).resolve()), "--sink", str(ports["sink"])])
+        pids["memory, traced"] = spawn([sys.executable, "-m", "gateway", "serve", "--port", str(ports["traced"]),
+                                        *upstreams, "--secret", SECRET,
+                                        "--otlp-endpoint", f"http://127.0.0.1:{ports['sink']}"])
         gateways = {"memory": f"http://127.0.0.1:{ports['memory']}", "redis": f"http://127.0.0.1:{ports['redisgw']}",
-                    "redis, no near cache": f"http://127.0.0.1:{ports['redisfar']}"}
+                    "redis, no near cache": f"http://127.0.0.1:{ports['redisfar']}",
+                    "memory, traced": f"http://127.0.0.1:{ports['traced']}"}
         for url in gateways.values():
             wait_http(url + "/healthz")
         hit_body = json.dumps(HIT_BODY).encode()

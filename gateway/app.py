@@ -1,7 +1,9 @@
 """The app factory: settings in, a ready aiohttp Application out."""
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import secrets
 import sys
 from functools import partial
@@ -19,6 +21,7 @@ from gateway.cache.redis_store import RedisStore
 from gateway.cache.session_store import MemorySessions, RedisSessions
 from gateway.cache.singleflight import SingleFlight
 from gateway.cache.store import Store, StoreError
+from gateway.cache.traced_store import TracedStore
 from gateway.cache.storing import FINISHES, StoreRules
 from gateway.config import Settings
 from gateway.ingress.auth import Tenants
@@ -31,6 +34,8 @@ from gateway.ops import cache_api, endpoints
 from gateway.ops.logs import AccessLog
 from gateway.ops.metrics import Metrics
 from gateway.ops.readiness import readiness, readyz
+from gateway.ops.tracing import Tracing
+from gateway.ops.tracing import middleware as traced
 from gateway.ops.status import status
 from gateway.ops.watch import watch
 from gateway.policy.prepare import PreparedMemo
@@ -53,6 +58,7 @@ from gateway.upstream.resilience import Resilience
 log = logging.getLogger("detgate")
 
 ACCESS_LOG_BUFFER = 64 * 1024
+TRACING = web.AppKey("tracing", Tracing)
 
 
 class ConfigError(Exception):
@@ -72,7 +78,12 @@ def signing_secret(settings: Settings) -> bytes:
 
 def create_app(settings: Settings) -> web.Application:
     secret = signing_secret(settings)
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[observe, errors])
+    tracing = _tracing(settings)
+    app = web.Application(client_max_size=settings.max_body_bytes,
+                          middlewares=[observe, errors] if tracing is None else [traced(tracing), observe, errors])
+    if tracing is not None:
+        app[TRACING] = tracing
+        app.on_cleanup.append(lambda _: asyncio.to_thread(tracing.shutdown))
     app[SETTINGS] = settings
     app[SECRET] = secret
     app[METRICS] = Metrics()
@@ -102,6 +113,15 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/detgate/status", status, name="status")
     cache_api.add_routes(app)
     return app
+
+
+def _tracing(settings: Settings) -> Tracing | None:
+    if not settings.otlp_endpoint:
+        return None
+    try:
+        return Tracing(settings.otlp_endpoint, os.environ.get("OTEL_SERVICE_NAME", "detgate-gateway"))
+    except ImportError as exc:
+        raise ConfigError(f"--otlp-endpoint needs OpenTelemetry: pip install 'detgate[otel]' ({exc})") from None
 
 
 def count_store_error(metrics: Metrics, op: str) -> None:
@@ -134,6 +154,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         memory = MemoryStore(settings.memory_store_bytes)
         metrics.cache_entries_bytes.set_function(lambda: memory.nbytes)
         store = memory
+    if TRACING in app:
+        store = TracedStore(store)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024, ttl_dns_cache=300))
     rules = StoreRules.from_settings(settings)
     for finish in FINISHES.difference(rules.finishes):

@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-timeout-s", type=float,
                        help="on SIGTERM, how long requests in flight may take to finish (default 30)")
     serve.add_argument("--log-level", help="default INFO")
+    serve.add_argument("--otlp-endpoint", metavar="URL",
+                       help="send traces over OTLP/HTTP to this collector (e.g. http://127.0.0.1:4318; needs the "
+                            "[otel] extra); W3C traceparent is then accepted and sent on upstream (default: no tracing)")
     serve.add_argument("--mode", choices=("normal", "record", "replay"),
                        help="record: always call upstream and store, replacing, and keep agent sessions; replay: "
                             "answer only from the cache (a session turn whose tool outputs changed too), a miss is a "

@@ -189,6 +189,8 @@ class Settings(BaseModel):
     rate_limits: dict[str, str] = {}
     shutdown_timeout_s: float = Field(30.0, gt=0)  # SIGTERM: how long in-flight requests may take to finish
     log_level: str = "INFO"
+    # OTLP/HTTP collector (e.g. http://127.0.0.1:4318) that traces go to; None: no tracing at all.
+    otlp_endpoint: str | None = Field(None, pattern=r"^https?://")
     # Determinism rules (gateway/policy/rules.py): user profiles, the openai profile's alias
     # overrides (false un-pins), model capabilities by glob (gateway/policy/capabilities.py),
     # per-model-glob strategies, named schemas, schema-validated retries.
@@ -232,6 +234,11 @@ class Settings(BaseModel):
                 raise ValueError(f"the API key of tenant {name!r} starts or ends with whitespace, "
                                  "which no Authorization header can carry")
         return value
+
+    @field_validator("otlp_endpoint", mode="before")
+    @classmethod
+    def _no_endpoint(cls, value: Any) -> Any:
+        return None if value == "" else value  # DETGATE_OTLP_ENDPOINT= (as compose passes an unset one): off
 
     @field_validator("operator_token")
     @classmethod

@@ -24,6 +24,7 @@ from gateway.cache.entry import CorruptEntry, Entry, Sealer, TamperedEntry, now_
 from gateway.cache.feed import Feed
 from gateway.cache.store import Store, StoreError
 from gateway.cache.storing import StoreRules, rejection
+from gateway.ops import tracing
 
 Produce = Callable[[Feed], Awaitable[Entry]]
 
@@ -66,6 +67,7 @@ class SingleFlight:
         another replica fills the key first."""
         flight = self._flights.get(key)
         if flight is not None:
+            tracing.waiting(flight.task, key)
             return flight, False
         feed = Feed()
         fill = self._fill(key, produce, feed, refresh, refresh or replace, self.rules.ttl_ms(model))
@@ -82,7 +84,9 @@ class SingleFlight:
     async def _fill(self, key: str, produce: Produce, feed: Feed, refresh: bool, overwrite: bool,
                     ttl_ms: int) -> Outcome:
         try:
+            lock = tracing.start("detgate.singleflight.lock", {"detgate.key_prefix": key[:tracing.KEY_PREFIX_CHARS]})
             waited = await self._acquire(key, refresh)
+            tracing.end(lock, {"detgate.filled_elsewhere": isinstance(waited, Entry)})
             if isinstance(waited, Entry):
                 return Outcome(waited, filled=False)
             heartbeat = asyncio.create_task(self._heartbeat(key))

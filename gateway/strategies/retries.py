@@ -16,6 +16,7 @@ import orjson
 
 from gateway.cache.entry import Entry
 from gateway.errors import UpstreamError
+from gateway.ops import tracing
 from gateway.strategies.schema_check import SchemaError, summary
 from gateway.strategies.single import Call
 from gateway.upstream.client import UpstreamClient
@@ -62,7 +63,8 @@ async def answer(call: Call, client: UpstreamClient, seed: int, step: int) -> An
         current = seed + attempt * step
         if seeded:
             sent = {**sent, "seed": current}
-        payload = await client.post_json(call.upstream, surface.path, sent, call.headers)
+        payload = await tracing.schema_attempt(client.post_json(call.upstream, surface.path, sent, call.headers),
+                                               attempt, spec.check)
         entry = surface.from_body(call.upstream.name, payload)  # raises for a 200 that holds no answer
         response = orjson.loads(payload)
         if not spec.check:

@@ -21,6 +21,7 @@ from typing import Awaitable
 
 from gateway.cache.entry import Entry
 from gateway.cache.feed import Feed
+from gateway.ops import tracing
 from gateway.strategies.retries import Answer, Rejected, SchemaExhausted, answer
 from gateway.strategies.single import Call
 from gateway.strategies.vote import Ballot, Vote, ballot, decide
@@ -45,7 +46,8 @@ async def choose(call: Call, client: UpstreamClient, feed: Feed) -> Entry:
             break
         lead = max(Counter(b.group for b in ballots).values(), default=0)
         need = min(counted // 2 + 1 - lead, k - launched)
-        results = await _wave([answer(call, client, base + i, k) for i in range(launched, launched + need)])
+        results = await _wave([tracing.member(answer(call, client, base + i, k), base + i, spec.vote)
+                               for i in range(launched, launched + need)])
         launched += need
         for result in results:
             if isinstance(result, Answer):

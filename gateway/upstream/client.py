@@ -18,6 +18,7 @@ from gateway.errors import UpstreamError
 from gateway.ops.metrics import Metrics
 from gateway.upstream import sse
 from gateway.upstream.deadline import Deadline, client_timeout
+from gateway.ops import tracing
 from gateway.upstream.resilience import Resilience
 
 Headers = tuple[tuple[str, str], ...]
@@ -64,8 +65,9 @@ class UpstreamClient:
         # connection from a timeout; Resilience.call turns what is left into an UpstreamError.
         started = time.perf_counter()
         status = 502
+        traced = tracing.upstream_attempt(upstream, path, data)
         try:
-            async with self.session.post(upstream.url + path, data=data, headers=_headers(headers),
+            async with self.session.post(upstream.url + path, data=data, headers=tracing.inject(traced, _headers(headers)),
                                          timeout=self._timeout(deadline, stream)) as resp:
                 status = resp.status
                 if resp.status != 200:
@@ -77,6 +79,7 @@ class UpstreamClient:
             raise
         finally:
             self._record(upstream.name, status, started)
+            tracing.end_attempt(traced, status)
 
     async def _post_once(self, upstream: UpstreamConfig, path: str, data: bytes, headers: Headers,
                          deadline: Deadline) -> bytes:

@@ -87,6 +87,7 @@ class FakeUpstream:
     behaviour: Behaviour = field(default_factory=Behaviour)
     calls: list[tuple[str, dict]] = field(default_factory=list)  # (path, body)
     authorizations: list[str | None] = field(default_factory=list)  # each call's Authorization header
+    traceparents: list[tuple[str | None, str | None]] = field(default_factory=list)  # each call's W3C trace context
     started: int = 0  # calls that began, including ones still running
     faults: Faults | None = None  # fakes/faults.py: a fault per call (500, 429, resets, stalls, ...)
     stream_ends: list[float] = field(default_factory=list)  # time.monotonic() as each whole stream was sent
@@ -100,6 +101,7 @@ class FakeUpstream:
         self.behaviour = Behaviour()
         self.calls = []
         self.authorizations = []
+        self.traceparents = []
         self.started = 0
         self.stream_ends = []
 
@@ -121,6 +123,7 @@ class FakeUpstream:
             await asyncio.sleep(b.delay_s)
         calls.append((request.path, body))
         self.authorizations.append(request.headers.get("Authorization"))
+        self.traceparents.append((request.headers.get("traceparent"), request.headers.get("tracestate")))
         refused = _refused(body)
         if refused is not None:
             return body, web.Response(status=400, body=orjson.dumps(refused), content_type="application/json")
