@@ -49,7 +49,10 @@ async def find_or_fly(request: web.Request, key: str, call: Call, control: str |
     if not leader:
         metrics.coalesced.labels(request.match_info.route.name or "").inc()
     if asking is not None and app[SETTINGS].mode == "record":
-        flight = Flight(flight.feed, asyncio.ensure_future(_recorded(request, flight.task, asking, key, headers)))
+        recorded = asyncio.ensure_future(_recorded(request, flight.task, asking, key, headers))
+        # A failed call is told to whoever waits; a client that left waits no more.
+        recorded.add_done_callback(lambda task: task.cancelled() or task.exception())
+        flight = Flight(flight.feed, recorded)
     if store_down:
         metrics.cache_bypass.labels("store_down").inc()
         return flight, "bypass"

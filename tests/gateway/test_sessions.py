@@ -16,6 +16,8 @@ import pytest
 import redis
 
 from gateway.cache.redis_store import entry_name
+from gateway.cache.session_store import MemorySessions
+from gateway.state import GATEWAY
 from claude_http import HEADERS, MODEL, sdk, upstreams
 from gw_http import SECRET
 from test_cache_io import cli, flush
@@ -247,3 +249,11 @@ def test_a_matching_turn_whose_answer_is_gone_says_so(upstream, claude, gateway,
     with pytest.raises(anthropic.BadRequestError) as caught:
         tool_loop(sdk(replay.url), run="second")
     assert "Turn 1 of session" in caught.value.message and "answer is no longer stored" in caught.value.message
+
+
+def test_the_in_process_store_keeps_a_recorded_session(upstream, claude, gateway):
+    recorder = gateway(mode="record", upstreams=upstreams(upstream, claude))
+    recorded = tool_loop(sdk(recorder.url))
+    assert all("session turn not recorded" not in r.headers["x-detgate-warnings"] for r in recorded)
+    sessions = recorder.app[GATEWAY].sessions
+    assert isinstance(sessions, MemorySessions) and sessions.nbytes > 0
