@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="record: always call upstream and store, replacing, and keep agent sessions; replay: "
                             "answer only from the cache (a session turn whose tool outputs changed too), a miss is a "
                             "400 replay_miss naming the nearest recording, and no upstream is called (default normal)")
+    serve.add_argument("--agent-key-rules", choices=("auto", "on", "off"),
+                       help="the built-in key rules of a recognised coding agent: in record and replay modes (auto), "
+                            "in every mode, or never (default auto; docs/key-rules.md)")
     serve.add_argument("--drift-policy", choices=("keep", "rotate"),
                        help="on a new system_fingerprint: keep serving cached answers, or rotate that model's keys "
                             "to a fresh namespace (default keep)")

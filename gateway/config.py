@@ -23,6 +23,7 @@ from pydantic import (
 from gateway.apis import SURFACES
 from gateway.ingress.allowlist import parse_rule
 from gateway.policy.capabilities import CapabilitySpec
+from gateway.policy.key_rules import AgentRules, KeyRule
 from gateway.policy.keys import tenant_from_api_key
 from gateway.policy.rules import MAX_ATTEMPTS, ModelStrategy, Rules, compile_rules
 
@@ -203,6 +204,11 @@ class Settings(BaseModel):
     schema_feedback: bool = False  # retries show the model its failed answer and the errors
     # normal: cache as usual; record: always call upstream and overwrite; replay: cache only.
     mode: Literal["normal", "record", "replay"] = "normal"
+    # Key rules (gateway/policy/key_rules.py, docs/key-rules.md): the user's ([[key_rules]] in
+    # TOML) apply always; a recognised agent's built-in ones in record and replay modes
+    # ("auto"), in every mode ("on"), or never ("off").
+    key_rules: tuple[KeyRule, ...] = ()
+    agent_key_rules: AgentRules = "auto"
     # On a new system_fingerprint: keep serving cached answers, or rotate to a fresh key namespace.
     drift_policy: Literal["keep", "rotate"] = "keep"
     drift_sync_s: float = Field(1.0, gt=0)  # how soon a replica sees another's rotation
@@ -287,6 +293,9 @@ class Settings(BaseModel):
             unknown = sorted(set(upstream.surfaces or ()) - set(SURFACES))
             if unknown:
                 raise ValueError(f"upstream {upstream.name!r} lists surfaces {unknown}; known: {sorted(SURFACES)}")
+        rule_names = [r.name for r in self.key_rules]
+        if len(set(rule_names)) != len(rule_names):
+            raise ValueError(f"key rule names must be unique, got {rule_names}")
         canaries = [c.name for c in self.canaries]
         if len(set(canaries)) != len(canaries):
             raise ValueError(f"canary names must be unique, got {canaries}")

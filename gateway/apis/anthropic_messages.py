@@ -7,7 +7,7 @@ Canonical form, beside the generic rules of gateway/policy/canonical.py:
 |------------------|--------------------------------------------------------------------------|
 | `system`         | one plain text block -> its string (the API's own shorthand); text rules |
 | message `content`| same: one plain text block -> its string; text rules on text blocks      |
-| `tool_result`    | its `content` as message content                                         |
+| `tool_result`    | its `content` as message content, but data: no text rules                |
 | `tool_use.input` | kept in its order: the model reads the arguments as they were written    |
 | `thinking`, `redacted_thinking` blocks | verbatim: the signature covers the text    |
 | image, document  | verbatim                                                                 |
@@ -15,6 +15,13 @@ Canonical form, beside the generic rules of gateway/policy/canonical.py:
 | `stop_sequences` | kept as sent, in order                                                   |
 | `temperature`, `top_p` | an integral float is an int (`1.0` is `1`)                         |
 | `metadata`, `service_tier`, `stream` | out of the key, forwarded                            |
+| `cache_control`  | (on blocks, tools, the body) a prompt-cache hint: out of the key, forwarded. Claude Code moves it to the last message each turn |
+
+Validation is never stricter than the API: a role (Claude Code sends `{"role": "system"}`
+messages under a mid-conversation-system beta), block type or member the gateway does not
+know is forwarded and keyed exactly as sent. Only what the key and the answer's rendering
+read is checked: `model`, `max_tokens`, `messages` as a list of objects with a string role
+and string-or-blocks content, `stream`, and the sampling parameters the policy rewrites.
 
 The `anthropic-version` and `anthropic-beta` headers are part of the key: a missing
 version is the one the gateway sends (ANTHROPIC_VERSION), and the beta list is a set.
@@ -30,7 +37,7 @@ A whole answer's stream is synthesized deterministically: one delta per block.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, Iterator
 
 import orjson
 from pydantic import Field, StrictBool, StrictInt, StrictStr, TypeAdapter
@@ -58,13 +65,8 @@ class Block(Open):
     type: StrictStr
 
 
-class TextBlock(Open):
-    type: Literal["text"]
-    text: StrictStr
-
-
 class Message(Open):
-    role: Literal["user", "assistant"]
+    role: StrictStr
     content: StrictStr | list[Block]
 
 
@@ -80,7 +82,7 @@ class MessagesRequest(Open):
     model: Annotated[StrictStr, Field(min_length=1)]
     max_tokens: Annotated[StrictInt, Field(ge=0)]
     messages: Annotated[list[Message], Field(min_length=1)]
-    system: StrictStr | list[TextBlock] | None = None
+    system: StrictStr | list[Block] | None = None
     stream: StrictBool | None = None
     temperature: Annotated[Number, Field(ge=0, le=1)] | None = None
     top_p: Annotated[Number, Field(ge=0, le=1)] | None = None
@@ -115,16 +117,17 @@ def _content(value: Any, trace: c.Trace) -> Any:
 # The blocks whose members the gateway knows; any other (image, document, thinking,
 # redacted_thinking, server tool blocks) is kept exactly as sent.
 _BLOCKS: dict[str, c.Fields] = {
-    "text": c.Fields({"type": c.plain, "text": c.text_field, "cache_control": c.plain, "citations": c.plain}),
+    "text": c.Fields({"type": c.plain, "text": c.text_field, "cache_control": c.unkeyed, "citations": c.plain}),
     "tool_use": c.Fields({"type": c.plain, "id": c.plain, "name": c.plain, "input": c.verbatim,
-                          "cache_control": c.plain}),
-    "tool_result": c.Fields({"type": c.plain, "tool_use_id": c.plain, "content": _content, "is_error": c.plain,
-                             "cache_control": c.plain}),
+                          "cache_control": c.unkeyed}),
+    # What a tool returned is data (a file the agent read): sent and keyed byte for byte.
+    "tool_result": c.Fields({"type": c.plain, "tool_use_id": c.plain, "content": c.as_data(_content),
+                             "is_error": c.plain, "cache_control": c.unkeyed}),
 }
 _blocks = c.content_of(c.by_type(_BLOCKS))
 _MESSAGE = c.Fields({"role": c.plain, "content": _content})
 _TOOL = c.Fields({"type": c.plain, "name": c.plain, "description": c.text_field, "input_schema": c.verbatim,
-                  "cache_control": c.plain}, nullable=frozenset({"description", "cache_control"}))
+                  "cache_control": c.unkeyed}, nullable=frozenset({"description", "cache_control"}))
 
 
 def _tool(tool: Any, trace: c.Trace) -> Any:
@@ -144,7 +147,7 @@ _BODY = c.Fields(
     nullable=frozenset({"output_config", "output_format", "stop_sequences", "system", "temperature", "thinking",
                         "tool_choice", "tools", "top_k", "top_p"}),
 )
-_UNKEYED = frozenset({"stream", "metadata", "service_tier"})
+_UNKEYED = frozenset({"stream", "metadata", "service_tier", "cache_control"})
 
 
 # ---- answers: body <-> stream
@@ -323,6 +326,7 @@ class AnthropicMessages(Surface):
     # No seed and no n: a vote's voters are the same request, varied by the provider alone.
     sampling = frozenset({"temperature", "top_p", "top_k"})
     keyed_headers = ("anthropic-version", "anthropic-beta")
+    resent_members = frozenset({"tool_use_id"})
     checks_schemas = True
     request = _REQUEST
     fields = _BODY

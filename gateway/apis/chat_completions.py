@@ -123,6 +123,7 @@ class ChatCompletions(choices.ChoicesSurface):
     fields = _FIELDS
     # The completion repeats the tier asked for (or the one that answered): each reader sees its own.
     echoed = {"service_tier": "default"}
+    resent_members = frozenset({"tool_call_id"})
 
     def state_ids(self, body: dict) -> list[tuple[str, str]]:
         return [(f"messages[{i}].content[{j}].file.file_id", part["file"]["file_id"])

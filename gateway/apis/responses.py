@@ -8,9 +8,21 @@ cannot change the answer are forwarded, not keyed. The wire has no `seed`, so no
 keyed or sent; a vote's voters differ by the upstream's own sampling.
 
 Text rules apply to message text (string content, `input_text` / `output_text` /
-`refusal` parts), function-call outputs, `instructions`, and tool and format
-descriptions. Kept as sent: function-call arguments, reasoning items (their
-`encrypted_content` is opaque), built-in tools, JSON schemas (key order is meaning).
+`refusal` parts), `instructions`, and tool and format descriptions. Kept as sent:
+function-call outputs and every other tool output (data: a file the agent read reaches the
+model byte for byte), function-call arguments, reasoning items (their `encrypted_content`
+is opaque), built-in tools, JSON schemas (key order is meaning).
+
+Bookkeeping a client makes up is forwarded but not keyed: `client_metadata` (Codex's
+session, turn and installation ids, the turn's start time) and the `id` of a message,
+function call or function-call output in `input` (Codex mints a UUIDv7 for each). Ids that
+name state or pair things stay keyed: `call_id` (a call with its output), reasoning items
+(their id names stored reasoning), `item_reference`, `previous_response_id`.
+
+Validation is never stricter than the API: an item's role, type or member the gateway does
+not know is forwarded and keyed as sent; only what the key, chains and rendering read is
+checked.
+
 Shapes unified: a content list of one plain `input_text` part is its text, and an
 `input` of one user message holding only text is that text, as the API defines both.
 
@@ -28,7 +40,7 @@ The response object echoes `metadata`, `user`, `safety_identifier`, `prompt_cach
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, Iterator
 
 import orjson
 from pydantic import (
@@ -64,7 +76,7 @@ class Part(Open):
 
 class Item(Open):
     type: StrictStr | None = None
-    role: Literal["user", "assistant", "system", "developer"] | None = None
+    role: StrictStr | None = None
     content: StrictStr | list[Part] | None = None
 
     @model_validator(mode="after")
@@ -114,8 +126,6 @@ class ResponsesRequest(Open):
     tools: list[Tool] | None = None
     text: TextConfig | None = None
     include: list[StrictStr] | None = None
-    truncation: Literal["auto", "disabled"] | None = None
-    metadata: dict[StrictStr, StrictStr] | None = None
 
 
 _REQUEST = TypeAdapter(ResponsesRequest)
@@ -137,15 +147,29 @@ _PART = c.by_type({
 _content = c.content_of(_PART, "input_text")
 
 
-# The input items the gateway reads; reasoning items (their encrypted_content is opaque),
-# item references and tool calls of other types are kept exactly as sent.
+# A tool's answer to one call: paired with the call by `call_id`; its output is data.
+def _call_output(output: c.FieldRule) -> Fields:
+    return Fields({"type": c.plain, "call_id": c.plain, "output": c.as_data(output), "id": c.unkeyed,
+                   "status": c.plain})
+
+
+# The input items the gateway reads; reasoning items (their encrypted_content is opaque,
+# their id may name stored reasoning), item references and items of other types are kept
+# exactly as sent. The `id` an item carries is the client's bookkeeping (Codex mints one for
+# every item it sends) or the upstream's name for an output item echoed back: the model
+# reads neither, so neither is keyed.
 _ITEMS: dict[str, Fields] = {
-    "message": Fields({"type": c.plain, "role": c.plain, "content": _content, "id": c.plain, "status": c.plain,
+    "message": Fields({"type": c.plain, "role": c.plain, "content": _content, "id": c.unkeyed, "status": c.plain,
                        "phase": c.plain}),
     "function_call": Fields({"type": c.plain, "call_id": c.plain, "name": c.plain, "arguments": c.plain,
-                             "id": c.plain, "status": c.plain}),
-    "function_call_output": Fields({"type": c.plain, "call_id": c.plain, "output": _content, "id": c.plain,
-                                    "status": c.plain}),
+                             "id": c.unkeyed, "status": c.plain}),
+    "custom_tool_call": Fields({"type": c.plain, "call_id": c.plain, "name": c.plain, "input": c.plain,
+                                "id": c.unkeyed, "status": c.plain}),
+    "function_call_output": _call_output(_content),
+    "custom_tool_call_output": _call_output(_content),
+    "local_shell_call_output": _call_output(c.verbatim),
+    # Codex's tools travel as an input item; the tools themselves are kept as sent.
+    "additional_tools": Fields({"type": c.plain, "role": c.plain, "tools": c.verbatim, "id": c.unkeyed}),
 }
 
 
@@ -225,6 +249,8 @@ class Responses(Surface):
     echoed = {"metadata": {}, "user": None, "safety_identifier": None, "prompt_cache_key": None,
               "prompt_cache_retention": None, "store": True, "service_tier": "default"}
     echo_object = "response"
+    unkeyed = c.UNKEYED_FIELDS | {"client_metadata"}
+    resent_members = frozenset({"call_id", "previous_response_id"})
 
     def validate(self, body: Any) -> None:
         super().validate(body)
@@ -275,6 +301,11 @@ class Responses(Surface):
         # A `store: false` answer's id names nothing the upstream keeps: served to a
         # `store: true` asker, its next turn would fail upstream.
         return "unstored" if body.get("store") is False else ""
+
+    def resent(self, name: str | None, value: Any) -> bool:
+        # The model's own output items sent back: its tool calls (every "*_call") and reasoning.
+        kind = value.get("type") if isinstance(value, dict) else None
+        return super().resent(name, value) or (isinstance(kind, str) and (kind.endswith("_call") or kind == "reasoning"))
 
     def message_count(self, body: dict) -> int:
         value = body.get("input")

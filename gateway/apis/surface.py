@@ -194,8 +194,17 @@ class Surface:
         return 0
 
     def texts(self, body: dict) -> Iterator[tuple[str, str]]:
-        """(path, text) for each text the model reads, for the hidden-variable scan."""
+        """(path, text) for each text the model reads, for a request's preview."""
         return iter(())
+
+    # Members that name a part of an earlier answer (a tool call's id), sent back as it was said.
+    resent_members: frozenset[str] = frozenset()
+
+    def resent(self, name: str | None, value: Any) -> bool:
+        """Whether a member (`name`) or list item (None) of a keyed request sends back what
+        the upstream said earlier (an assistant turn, a tool call's id): a replay repeats it
+        as recorded, so the hidden-variable scan passes over it."""
+        return name in self.resent_members or (isinstance(value, dict) and value.get("role") == "assistant")
 
     # ---- the answer
 

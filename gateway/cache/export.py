@@ -4,7 +4,7 @@ One line per entry, sorted by key, so that two exports of the same cache are the
 and a diff shows only real changes. A line holds the entry's sealed bytes exactly: its
 record, embedded as the JSON it is stored as, and the MAC the gateway sealed it with:
 
-    {"entry": {"v": 2, "model": ..., "finish": ..., "body": ..., ...}, "key": "dg2:...", "mac": "..."}
+    {"entry": {"v": 2, "model": ..., "finish": ..., "body": ..., ...}, "key": "dg3:...", "mac": "..."}
 
 so import stores byte for byte what export read, whatever the record holds.
 

@@ -31,7 +31,10 @@ def setup(level: str) -> None:
 
 
 class AccessLog:
-    """One JSON line per request, written straight to a binary stream.
+    """One JSON line per request, written straight to a binary stream: method, path, status,
+    route, model, cache, key, tenant, ms, and `warnings` (what x-detgate-warnings said: hidden
+    variables with their JSON paths, the key rules that fired, ...) when there were any, since
+    an operator of agent traffic reads this log rather than the agent's response headers.
 
     Kept apart from `logging` because building a LogRecord per request costs more than the
     rest of a cache hit; the line has the same shape as every other log line. Lines are

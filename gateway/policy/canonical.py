@@ -23,11 +23,15 @@ Together's `response_format: {type: "json_object", schema}`, vLLM's `guided_json
 `structured_outputs.json`, and any field a provider adds tomorrow: the gateway cannot
 know what a decoder it does not know does with order, so what it does not know it keeps.
 
-Text rules, on text the model reads (message content strings and text/refusal parts,
+Text rules, on the app's own prompt text (message content strings and text/refusal parts,
 message names, tool and function descriptions, json_schema descriptions, completion
 prompts and suffixes, embedding inputs), where the request's text setting allows them
 (per upstream `canonical = "text"` (default) or `"json-only"`, per request
-`x-detgate-canonical`):
+`x-detgate-canonical`). Never on data the app passes on (`as_data`): a tool's output
+(chat `tool` messages, Anthropic `tool_result`, Responses `function_call_output`),
+documents, files. An agent that reads a file with a BOM, CRLF line ends or a decomposed
+"é" must see them, and an edit it builds from what it saw must match the file, so data
+reaches the upstream byte for byte and is keyed as sent:
 
 | rule          | what                                                | why                                                 |
 |---------------|-----------------------------------------------------|-----------------------------------------------------|
@@ -63,6 +67,7 @@ Shape rules (they apply whatever the text setting):
 | `default_value` | a known member set to its provider-defined default -> absent (each surface's table: `n: 1`, `stop: []`, `logprobs: false`, penalties `0`, `response_format: {type: text}`, image `detail: "auto"`, ...) |
 | `number_form`   | a float parameter's integral value -> an int (`temperature: 1.0` is `1`); nowhere else |
 | `unkeyed_field` | a member that cannot change the answer: out of the key, sent upstream exactly as the client sent it (table below) |
+| `unkeyed_member` | a nested member that cannot change the answer (`unkeyed`): an id a client made up for its own bookkeeping (a Responses input item's `id`), a hint for the provider's prompt cache (Anthropic `cache_control`); out of the key, sent as it came |
 
 Unkeyed fields (`UNKEYED_FIELDS`):
 
@@ -75,7 +80,9 @@ Unkeyed fields (`UNKEYED_FIELDS`):
 | `service_tier`                 | price and latency of processing, not the model; the answer's `service_tier` reports the tier it was made on |
 
 Identical requests in flight at once share one upstream call, so an unkeyed field reaches
-the upstream as the first of them sent it.
+the upstream as the first of them sent it. Ids that name state the upstream keeps
+(`previous_response_id`, an `item_reference`, a reasoning item's id) or pair a tool call
+with its output (`call_id`, `tool_use_id`) are keyed: they change what the model reads.
 
 Deliberately not unified: `max_tokens` vs `max_completion_tokens` (reasoning models
 reject the first, so the pair is not equivalent everywhere); `parallel_tool_calls`,
@@ -101,7 +108,7 @@ import orjson
 # Every name Canonical.rules can hold, for pre-registering metric labels.
 TEXT_RULES = ("bom", "zero_width", "word_joiner", "crlf", "nfc")
 RULES = (*TEXT_RULES, "content_shape", "input_shape", "stop_shape", "null_field", "default_value",
-         "number_form", "unkeyed_field")
+         "number_form", "unkeyed_field", "unkeyed_member")
 
 # The request's text setting (upstream `canonical`, header x-detgate-canonical).
 TEXT_SETTINGS = ("text", "json-only")
@@ -138,6 +145,16 @@ class OrderedObject(dict):
     """
 
 
+class Unkeyed:
+    """A value sent upstream as the client sent it and left out of the key (`unkeyed`):
+    a marker in the tree the canonical pass builds, gone from both of its results."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
 class CanonicalError(ValueError):
     """A request that has no canonical form (a non-finite number, an integer beyond 64
     bits, a string that is not valid Unicode). `param` is the JSON path of the culprit,
@@ -172,6 +189,7 @@ class Trace(list):
     def __init__(self, text: bool = True) -> None:
         super().__init__()
         self.text = text
+        self.unkeyed = False  # whether the tree holds an Unkeyed member, so key and sent differ
 
 
 FieldRule = Callable[[Any, Trace], Any]
@@ -205,8 +223,10 @@ def canonicalize(body: Any, fields: Fields, text: bool = True, unkeyed: frozense
             forwarded[name] = value
         else:
             keyed[name] = value
-    key = _settle(known(keyed, fields, trace), False, False)
-    return Canonical(key, {**key, **forwarded}, tuple(trace))
+    tree = known(keyed, fields, trace)
+    key = _settle(tree, False, False)
+    sent = _settle(tree, False, False, keyed=False) if trace.unkeyed else key
+    return Canonical(key, {**sent, **forwarded}, tuple(trace))
 
 
 def known(obj: Any, fields: Fields, trace: Trace) -> Any:
@@ -280,6 +300,26 @@ def plain(value: Any, trace: Trace) -> Any:
     """A known member whose value the provider reads by name and value (a string, a flag,
     an object of its own API): nothing to rewrite, and its objects' order means nothing."""
     return value
+
+
+def unkeyed(value: Any, trace: Trace) -> Any:
+    """A member that cannot change the answer (an id a client makes up for its own
+    bookkeeping, a prompt-cache hint): out of the key, sent exactly as it came."""
+    trace.append("unkeyed_member")
+    trace.unkeyed = True
+    return Unkeyed(value)
+
+
+def as_data(rule: FieldRule) -> FieldRule:
+    """Data the app passes on (a tool's output, a file it read), read by `rule` with the
+    text rules off: shape rules still apply, the text is kept byte for byte."""
+    def rule_data(value: Any, trace: Trace) -> Any:
+        was, trace.text = trace.text, False
+        try:
+            return rule(value, trace)
+        finally:
+            trace.text = was
+    return rule_data
 
 
 def verbatim(value: Any, trace: Trace | None = None) -> Any:
@@ -425,7 +465,16 @@ MESSAGE = Fields(
      "tool_call_id": plain, "function_call": plain, "audio": plain},
     nullable=frozenset({"audio", "content", "function_call", "name", "refusal", "tool_call_id", "tool_calls"}),
 )
-messages = each(of(MESSAGE))
+# A tool's (or a legacy function's) answer is data: its content is sent as the tool wrote it.
+TOOL_MESSAGE = Fields({**MESSAGE.rules, "content": as_data(content)}, MESSAGE.nullable)
+
+
+def message(value: Any, trace: Trace) -> Any:
+    tool = isinstance(value, dict) and value.get("role") in ("tool", "function")
+    return known(value, TOOL_MESSAGE if tool else MESSAGE, trace)
+
+
+messages = each(message)
 
 FUNCTION = Fields({"name": plain, "description": text_field, "parameters": schema, "strict": plain},
                   nullable=frozenset({"description", "parameters", "strict"}))
@@ -442,10 +491,10 @@ response_format = by_type({"text": Fields({"type": plain}), "json_object": Field
 
 # ---------------------------------------------------------------- serialization
 
-def _settle(value: Any, ordered: bool, by_value: bool) -> Any:
+def _settle(value: Any, ordered: bool, by_value: bool, keyed: bool = True) -> Any:
     """A fresh copy of a JSON value with members sorted outside OrderedObjects (and
     integral floats as ints when `by_value`); CanonicalError, with its path, for what JSON
-    cannot carry."""
+    cannot carry. An Unkeyed member is left out when `keyed`, else its value is kept as sent."""
     kind = type(value)
     if isinstance(value, str) or kind is bool or value is None:
         return value
@@ -468,8 +517,13 @@ def _settle(value: Any, ordered: bool, by_value: bool) -> Any:
             names.sort()
         out = {}
         for name in names:
+            member = value[name]
+            if isinstance(member, Unkeyed):
+                if keyed:
+                    continue
+                member = verbatim(member.value)
             try:
-                out[name] = _settle(value[name], ordered, by_value)
+                out[name] = _settle(member, ordered, by_value, keyed)
             except CanonicalError as exc:
                 raise exc.under(name) from None
         return OrderedObject(out) if ordered else out
@@ -477,7 +531,7 @@ def _settle(value: Any, ordered: bool, by_value: bool) -> Any:
         items = []
         for i, item in enumerate(value):
             try:
-                items.append(_settle(item, ordered, by_value))
+                items.append(_settle(item, ordered, by_value, keyed))
             except CanonicalError as exc:
                 raise exc.under(i) from None
         return items

@@ -1,14 +1,16 @@
-"""Hidden variables: values in a prompt that make its cache key never repeat.
+"""Hidden variables: values in a request that make its cache key never repeat.
 
 An app that puts "Current time: 2026-11-22T16:17:30Z" or a fresh request id into every
-prompt gets a new key, and a new upstream answer, on every call. `find` reports such
-spans so the gateway can warn; it never changes the request.
+request gets a new key, and a new upstream answer, on every call. `scan` walks the whole
+keyed body (prompt text, metadata that is keyed, ids, tool outputs, members the gateway does
+not know) and reports each such value with its JSON path and the key rule
+(gateway/policy/key_rules.py) that would leave it out of the key; it never changes the request.
 
 | kind       | what                                                 | flagged        |
 |------------|------------------------------------------------------|----------------|
 | `datetime` | ISO 8601 date and time: 2026-11-22T16:17:30Z         | date near now  |
 | `date`     | 2026-11-22, 22.11.2026, 11/22/2026, 2026/11/22, Nov 22, 2026, 22 November 2026 | near now |
-| `epoch`    | Unix time in s/ms/us/ns: 10/13/16/19 digits          | near now       |
+| `epoch`    | Unix time in s/ms/us/ns: 10/13/16/19 digits, in text or as a JSON number | near now |
 | `uuid`     | 8-4-4-4-12 hex                                       | always         |
 | `hex_id`   | 16+ hex characters, digits and letters mixed         | always         |
 | `token_id` | 20+ base64(url) characters mixing upper, lower and digits, looking random | always |
@@ -20,6 +22,11 @@ Dates are compared as calendar days (the window rounded up to whole days, so a
 client's time zone cannot hide today's date); a historical or future date far from now is
 ordinary content. Times without a date are not flagged: "at 14:05:33" in a transcript is
 content far more often than a clock. The caller passes `now`, keeping this module pure.
+
+Not scanned: what the upstream said earlier and the request sends back (an assistant turn,
+a tool call's id, a reasoning item: the surface's `resent`), which a replay repeats as it
+was recorded, and blobs (a data URL, an unbroken token of over 200 characters: images,
+signatures, encrypted content), which are data rather than values an app varies.
 """
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ import datetime as dt
 import math
 import re
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 DEFAULT_WINDOW_S = 86_400.0
 
@@ -39,7 +46,8 @@ class Finding:
     kind: str
     start: int
     end: int
-    path: str = ""  # where in the request, for scan(); "" for find()
+    path: str = ""  # the JSON path of the value in the keyed request, for scan(); "" for find()
+    rule: str = ""  # the key rule that would leave it out of the key (TOML), for scan()
 
 
 _MONTHS = {name: i + 1 for i, name in enumerate(
@@ -186,22 +194,96 @@ def find(text: str, now: float, window_s: float = DEFAULT_WINDOW_S) -> list[Find
     return sorted(kept, key=lambda f: f.start)
 
 
-def scan(texts: Iterable[tuple[str, str]], now: float, window_s: float = DEFAULT_WINDOW_S) -> list[Finding]:
-    """Hidden variables in every (path, text) a model reads in a request (its surface's
-    `texts`), each finding with its path.
+# (member name or None for a list item, value) -> whether the value echoes an earlier answer.
+Resent = Callable[[str | None, Any], bool]
+_BLOB = 200
+
+
+def scan(body: Any, now: float, resent: Resent | None = None, window_s: float = DEFAULT_WINDOW_S) -> list[Finding]:
+    """Hidden variables anywhere in a keyed request body (strings and numbers, paths as the
+    key rules name them), skipping what `resent` says the upstream said earlier.
 
     Costs up to a few tens of nanoseconds per character near digits: run it on cache
     misses only, since a hit already proves the request's key repeats."""
-    return [Finding(f.kind, f.start, f.end, path)
-            for path, text in texts for f in find(text, now, window_s)]
+    out: list[Finding] = []
+    _scan(body, "", now, window_s, resent or (lambda name, value: False), out)
+    return out
+
+
+def _scan(value: Any, path: str, now: float, window_s: float, resent: Resent, out: list[Finding]) -> None:
+    if isinstance(value, str):
+        if not value.startswith("data:") and not (len(value) > _BLOB and not any(c.isspace() for c in value)):
+            out.extend(Finding(f.kind, f.start, f.end, path, _rule(f, value, path))
+                       for f in find(value, now, window_s))
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = str(value)
+        out.extend(Finding(f.kind, f.start, f.end, path, _rule(f, text, path)) for f in find(text, now, window_s))
+    elif isinstance(value, dict):
+        for name, member in value.items():
+            if not resent(name, member):
+                _scan(member, f"{path}.{name}" if path else str(name), now, window_s, resent, out)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if not resent(None, item):
+                _scan(item, f"{path}[{i}]", now, window_s, resent, out)
+
+
+# ---- the key rule that would cover a finding
+
+_SPECIAL = set(".^$*+?{}[]\\|()")
+_SHAPES = {"uuid": r"[0-9a-fA-F-]{36}", "hex_id": r"[0-9a-fA-F]{16,}", "token_id": r"[A-Za-z0-9_+/=-]{20,}"}
+_INDEX = re.compile(r"\[\d+\]")
+
+
+def _escaped(text: str) -> str:
+    """`text` as a regex in a TOML literal string: printable ASCII, no quote."""
+    out = []
+    for c in text:
+        if c == "\t":
+            out.append(r"\t")
+        elif c == "'" or not (c.isascii() and c.isprintable()):
+            out.append(".")
+        else:
+            out.append("\\" + c if c in _SPECIAL else c)
+    return "".join(out)
+
+
+def _shape(kind: str, span: str) -> str:
+    """A regex that matches `span` and the other values of its kind: digit runs by length."""
+    if kind in _SHAPES:
+        return _SHAPES[kind]
+    return "".join(rf"\d{{{len(run)}}}" if run[0].isdigit() else "[A-Za-z]+" if run[0].isalpha() else _escaped(run)
+                   for run in re.findall(r"\d+|[A-Za-z]+|[^\dA-Za-z]+", span))
+
+
+def _rule(f: Finding, text: str, path: str) -> str:
+    """The key rule (a TOML inline table) that leaves the value out of the key: its path when
+    it is the whole value, else a pattern led by the words before it on its line."""
+    if f.start == 0 and f.end == len(text):
+        return f'{{name = "{f.kind}", path = "{_printable(_INDEX.sub("[*]", path))}"}}'
+    line = text.rfind("\n", 0, f.start) + 1
+    before = text[max(line, f.start - 24):f.start]
+    if f.start - 24 > line and " " in before:
+        before = before[before.index(" ") + 1:]  # from a word's start
+    lead = f"(?<={_escaped(before)})" if before else ""
+    return f"{{name = \"{f.kind}\", pattern = '{lead}{_shape(f.kind, text[f.start:f.end])}', replace = \"<{f.kind}>\"}}"
+
+
+def _printable(text: str) -> str:
+    """Safe in a header and in a TOML basic string."""
+    return "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else "?" for c in text)
 
 
 def warning(findings: list[Finding]) -> str | None:
-    """One short ASCII line for x-detgate-warnings, or None when nothing was found."""
+    """One short ASCII line for x-detgate-warnings and the access log, or None when nothing
+    was found: the kinds, where the first few are, the key rule for the first."""
     if not findings:
         return None
     kinds = sorted({f.kind for f in findings}, key=KINDS.index)
-    where = findings[0].path or "text"
-    return (f"prompt holds values that change per request ({', '.join(kinds)}; first at "
-            f"{where}[{findings[0].start}:{findings[0].end}]): every such request misses the cache")
-
+    first = findings[0]
+    where = f"first at {_printable(first.path) or 'text'}[{first.start}:{first.end}]"
+    others = list(dict.fromkeys(_printable(f.path) for f in findings if f.path != first.path))
+    if others:
+        where += f"; also at {', '.join(others[:3])}" + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    return (f"request holds values that change per request ({', '.join(kinds)}; {where}): every such request "
+            f"misses the cache; a key rule leaves the first out: key_rules = [{first.rule}]")

@@ -17,7 +17,9 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
-KEY_SCHEMA_VERSION = 2
+# 3: tool outputs keyed as sent (no text rules), client bookkeeping ids and cache_control
+# out of the key, the key rules that fired signed in (KeyParts.rules).
+KEY_SCHEMA_VERSION = 3
 
 KEY_PREFIX = f"dg{KEY_SCHEMA_VERSION}:"
 
@@ -39,6 +41,7 @@ class KeyParts:
     strategy: str       # "single", "vote:3", "schema:3", ...
     canonical: bytes    # canonical_json(Canonical.key): params and seed included
     headers: bytes = b""  # canonical_json of the request headers that change the answer (anthropic-version, ...)
+    rules: bytes = b""  # the key rules that fired, whole (gateway/policy/key_rules.py: schema); b"" for none
 
 
 def _field(data: bytes) -> bytes:
@@ -51,7 +54,7 @@ def encode(parts: KeyParts) -> bytes:
     out = _field(_KEY_DOMAIN) + KEY_SCHEMA_VERSION.to_bytes(4, "big")
     for text in fields:
         out += _field(text.encode("utf-8", "surrogatepass"))
-    return out + _field(bytes(parts.canonical)) + _field(bytes(parts.headers))
+    return out + _field(bytes(parts.canonical)) + _field(bytes(parts.headers)) + _field(bytes(parts.rules))
 
 
 def _check_secret(secret: bytes) -> None:
@@ -60,7 +63,7 @@ def _check_secret(secret: bytes) -> None:
 
 
 def sign(secret: bytes, parts: KeyParts) -> str:
-    """The cache key for `parts`: KEY_PREFIX ("dg2:") and 64 hex digits, safe as a Redis key and header."""
+    """The cache key for `parts`: KEY_PREFIX ("dg3:") and 64 hex digits, safe as a Redis key and header."""
     _check_secret(secret)
     return KEY_PREFIX + hmac.new(secret, encode(parts), hashlib.sha256).hexdigest()
 

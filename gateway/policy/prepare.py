@@ -24,7 +24,9 @@ from gateway.ingress.auth import (
 )
 from gateway.ingress.limits import check_message_count
 from gateway.policy.apply import Hints, apply_policy, text_rules
+from gateway.policy import key_rules
 from gateway.policy.canonical import CanonicalError, canonical_json, text_warning
+from gateway.policy.key_rules import KeyRule
 from gateway.policy.keys import KeyParts, sign
 from gateway.policy.routing import route as pick_upstream
 from gateway.strategies.single import Call
@@ -38,6 +40,7 @@ class Asked(NamedTuple):
     keyed: tuple[tuple[str, str], ...] = ()  # the surface's keyed headers that were sent, lower-cased names
     hints: Hints = Hints()
     canonical: str | None = None  # x-detgate-canonical: whether text rules apply
+    agent: str | None = None  # the coding agent the user-agent names (key_rules.recognise): its key rules
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class Prepared:
     # What `key` is signed over, which sessions match on: kept in record and replay modes
     # only (not for a split), since the memo would hold every canonical form twice.
     parts: KeyParts | None = None
+    applicable: tuple[KeyRule, ...] = ()  # the key rules it was keyed under (key_rules.applicable)
 
 
 def prepare(surface: Surface, raw: bytes, asked: Asked, settings: Settings, tenants: Tenants,
@@ -77,15 +81,19 @@ def prepare(surface: Surface, raw: bytes, asked: Asked, settings: Settings, tena
     sent_keyed = surface.keyed(asked.keyed)
     headers = upstream_headers(upstream, asked.credentials, settings.passthrough_auth, surface.wire) + sent_keyed
     keyed = canonical_json(list(sent_keyed)) if sent_keyed else b""
-    parts, rules = [], ()
+    applicable = key_rules.applicable(asked.agent, settings.mode, settings.agent_key_rules, settings.key_rules)
+    parts, rules, fired = [], (), {}
     for sent in policy.bodies:
         try:
             canonical = surface.canonical(sent, text)
-            signed = canonical_json(canonical.key)
+            tree, fired_here = key_rules.apply(canonical.key, applicable)
+            signed = canonical_json(tree)
         except CanonicalError as exc:
             raise ApiError(400, f"The request has no canonical form: {exc}.", param=exc.param, code="invalid_value") from None
         rules = rules or canonical.rules
-        signing = KeyParts(tenant.namespace, upstream.name, policy.model, surface.name, policy.spec.name, signed, keyed)
+        fired.update(dict.fromkeys(rule.name for rule in fired_here))
+        signing = KeyParts(tenant.namespace, upstream.name, policy.model, surface.name, policy.spec.name, signed, keyed,
+                           key_rules.schema(fired_here))
         key = sign(secret, signing)
         # The parts of a split are answered whole and merged, so each is fetched unstreamed.
         stream = view.stream and len(policy.bodies) == 1
@@ -93,14 +101,14 @@ def prepare(surface: Surface, raw: bytes, asked: Asked, settings: Settings, tena
         upstream_body = {k: v for k, v in canonical.sent.items() if k not in policy.unsent}
         parts.append((key, signing, Call(surface, upstream, surface.upstream_body(upstream_body, stream), headers, stream,
                                 policy.spec, seed if type(seed) is int else 0)))
-    warnings = policy.warnings + tuple(filter(None, [text_warning(rules)]))
+    warnings = policy.warnings + tuple(filter(None, [text_warning(rules), key_rules.warning(tuple(fired))]))
     if len(parts) == 1:
         key, signing, call = parts[0]
         return Prepared(tenant, policy.model, key, call, view, warnings, rules, policy.rewrites,
                         uncached=surface.uncached(body), parent=surface.parent_id(body),
-                        parts=signing if settings.mode != "normal" else None)
+                        parts=signing if settings.mode != "normal" else None, applicable=applicable)
     return Prepared(tenant, policy.model, ",".join(k for k, _, _ in parts), parts[0][2], view, warnings, rules,
-                    policy.rewrites, tuple((k, c) for k, _, c in parts))
+                    policy.rewrites, tuple((k, c) for k, _, c in parts), applicable=applicable)
 
 
 class PreparedMemo:

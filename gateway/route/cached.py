@@ -23,6 +23,7 @@ from gateway.ops.drift import DriftMonitor
 from gateway.ops.watch import DRIFT, UPSTREAM
 from gateway.policy.apply import Hints
 from gateway.policy.hidden_vars import scan, warning
+from gateway.policy.key_rules import apply, recognise
 from gateway.policy.prepare import Asked, Prepared
 from gateway.route.answer import answer, respond, upstream_error
 from gateway.route.chains import check_state, continue_chain, kept_apart, own, pass_through
@@ -68,7 +69,7 @@ def asked(request: web.Request, surface: Surface) -> Asked:
                   if name in headers) if surface.keyed_headers else ()
     return Asked(Credentials.of(headers), keyed,
                  Hints(headers.get("x-detgate-mode"), headers.get("x-detgate-vote"), headers.get("x-detgate-schema")),
-                 headers.get("x-detgate-canonical"))
+                 headers.get("x-detgate-canonical"), recognise(headers.get("user-agent")))
 
 
 def cached_route(surface: Surface):
@@ -121,7 +122,7 @@ def cached_route(surface: Surface):
             if surface.names_state:
                 await own(request, prepared.tenant, surface, found, True)
             return respond(request, surface, found, prepared.view, "hit", headers)
-        _flag_hidden(request, call, headers)
+        _flag_hidden(request, prepared, headers)
         if call.stream and call.spec.asked:
             warn(headers, f"stream buffered: {call.spec.name} was asked for, and it chooses among whole answers")
         return await answer(request, prepared.tenant, surface, *found, prepared.view, headers)
@@ -157,10 +158,14 @@ def strategy_for(call: Call):
     return choose
 
 
-def _flag_hidden(request: web.Request, call: Call, headers: dict[str, str]) -> None:
-    """Warn about prompt values that change per request. On misses only: the scan costs
+def _flag_hidden(request: web.Request, prepared: Prepared, headers: dict[str, str]) -> None:
+    """Warn about keyed values that change per request. On misses only: the scan costs
     time, and a hit already proves that its key repeats."""
-    findings = scan(call.surface.texts(call.body), time.time())
+    call = prepared.call
+    # What the key was signed over, made again from what is sent: cheaper than the memo
+    # holding every request's keyed form besides its body.
+    keyed, _ = apply(call.surface.canonical(call.body, True).key, prepared.applicable)
+    findings = scan(keyed, time.time(), call.surface.resent)
     if not findings:
         return
     metrics = request.app[METRICS]
@@ -176,7 +181,7 @@ async def _answer_split(request: web.Request, prepared: Prepared, control: str |
     parts = [(drift.key(key, call.upstream.name, prepared.model), call) for key, call in prepared.split]
     headers["x-detgate-key"] = request[KEY] = ",".join(key for key, _ in parts)
     if control != "only-if-cached" and request.app[SETTINGS].mode != "replay":
-        _flag_hidden(request, prepared.split[0][1], headers)
+        _flag_hidden(request, prepared, headers)
     try:
         results = await asyncio.gather(*(_part(request, key, call, control, prepared, headers)
                                          for key, call in parts))

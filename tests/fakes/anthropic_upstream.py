@@ -40,7 +40,8 @@ ONE_OF_TEMPERATURE_TOP_P = ("claude-opus-4-1*", "claude-opus-4-5*", "claude-opus
 # The request members the API takes; any other is refused, as the API refuses extra inputs.
 FIELDS = frozenset({"model", "max_tokens", "messages", "system", "metadata", "stop_sequences", "stream",
                     "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking", "service_tier",
-                    "output_config", "output_format", "cache_control", "container", "inference_geo", "speed"})
+                    "output_config", "output_format", "cache_control", "container", "inference_geo", "speed",
+                    "context_management"})
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 429: "rate_limit_error", 529: "overloaded_error"}
 
@@ -142,7 +143,7 @@ class FakeAnthropic:
         body, failure = await self._begin(request)
         if failure:
             return failure
-        refused = _refused(body)
+        refused = _refused(body) or _unexpected_role(body, request.headers.get("anthropic-beta", ""))
         if refused:
             return _error(400, refused)
         container = body.get("container")
@@ -336,6 +337,16 @@ def _refused(body: dict) -> str | None:
             return "`top_k` is not supported while thinking is enabled."
         if body.get("top_p", 1) < 0.95:
             return "`top_p` must be between 0.95 and 1 while thinking is enabled."
+    return None
+
+
+def _unexpected_role(body: dict, betas: str) -> str | None:
+    """A "system" message needs the mid-conversation-system beta (Claude Code sends one)."""
+    if "mid-conversation-system-" in betas:
+        return None
+    for i, message in enumerate(body.get("messages") or ()):
+        if isinstance(message, dict) and message.get("role") not in ("user", "assistant"):
+            return f"messages.{i}.role: Input should be 'user' or 'assistant'"
     return None
 
 

@@ -22,9 +22,9 @@ def anthropic_error(reply, status: int, kind: str) -> str:
 @pytest.mark.parametrize("body, param", [
     ({"model": MODEL, "messages": MESSAGES}, "max_tokens"),
     ({**BODY, "messages": []}, "messages"),
-    ({**BODY, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+    ({**BODY, "messages": [{"role": 1, "content": "x"}]}, "messages[0].role"),
     ({**BODY, "temperature": 3}, "temperature"),
-    ({**BODY, "system": [{"type": "image"}]}, "system"),
+    ({**BODY, "system": [{"text": "no type"}]}, "system"),
 ])
 def test_bad_input_is_a_400_in_anthropics_shape(upstream, claude, gateway, body, param):
     fake, _ = claude

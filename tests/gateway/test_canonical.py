@@ -611,4 +611,5 @@ def test_rules_lists_exactly_the_rules_that_can_fire():
                  stop=["b", "a", "b"], seed=None, temperature=1.0, user="u", n=1)
     fired = set(canonicalize("chat.completions", dirty).rules)
     fired |= set(canonicalize("embeddings", {"model": "m", "input": ["x"]}).rules)
+    fired |= set(canonicalize("responses", {"model": "m", "input": [{"id": "msg_1", "role": "user", "content": "x"}]}).rules)
     assert fired == set(RULES)

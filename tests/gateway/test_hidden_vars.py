@@ -1,6 +1,7 @@
 import base64
 import datetime as dt
 import random
+import tomllib
 import uuid
 
 import pytest
@@ -9,7 +10,8 @@ from hypothesis import strategies as st
 
 import gateway.policy.hidden_vars as hv
 from gateway.apis import SURFACES
-from gateway.policy.hidden_vars import Finding, find, scan, warning
+from gateway.policy.hidden_vars import find, scan, warning
+from gateway.policy.key_rules import KeyRule, apply
 
 NOW_DT = dt.datetime(2026, 11, 22, 16, 17, 30, tzinfo=dt.timezone.utc)
 NOW = NOW_DT.timestamp()
@@ -126,30 +128,85 @@ def test_prose_made_of_words_and_small_numbers_is_never_flagged(words):
     assert find(" ".join(words), NOW) == []
 
 
-def test_scan_walks_prompt_texts_with_paths():
+def keyed(route, body):
+    """What the key is signed over for `body`: the tree the gateway scans."""
+    return SURFACES[route].canonical(body, True).key
+
+
+def test_scan_walks_the_whole_keyed_body_with_paths():
     body = {"model": "m", "messages": [
         {"role": "system", "content": "Current date: 2026-11-22"},
         {"role": "user", "content": [{"type": "text", "text": "hi"},
-                                     {"type": "text", "text": "rid 4b1a9c0e7d2f8a31"},
-                                     {"type": "image_url", "image_url": {"url": "data:3f2b8c1e-9a4d-4c2b-8f1e-2b3c4d5e6f70"}}]},
-    ]}
-    assert scan(SURFACES["chat.completions"].texts(body), NOW) == [
-        Finding("date", 14, 24, "messages[0].content"),
-        Finding("hex_id", 4, 20, "messages[1].content[1].text"),
+                                     {"type": "text", "text": "rid 4b1a9c0e7d2f8a31"}]},
+    ], "x_trace": {"started_ms": 1795364250123, "run": "3f2b8c1e-9a4d-4c2b-8f1e-2b3c4d5e6f70"}}
+    assert [(f.kind, f.start, f.end, f.path) for f in scan(keyed("chat.completions", body), NOW)] == [
+        ("date", 14, 24, "messages[0].content"),
+        ("hex_id", 4, 20, "messages[1].content[1].text"),
+        ("epoch", 0, 13, "x_trace.started_ms"),  # a JSON number
+        ("uuid", 0, 36, "x_trace.run"),
     ]
-    assert [f.path for f in scan(SURFACES["completions"].texts({"prompt": ["a", "t=1795364250"]}), NOW)] == ["prompt[1]"]
-    assert [f.path for f in scan(SURFACES["embeddings"].texts({"input": "2026-11-22"}), NOW)] == ["input"]
-    assert scan(SURFACES["chat.completions"].texts({"messages": "not a list"}), NOW) == []
+    assert [f.path for f in scan(keyed("completions", {"model": "m", "prompt": ["a", "t=1795364250"]}), NOW)] == \
+        ["prompt[1]"]
+    assert [f.path for f in scan(keyed("embeddings", {"model": "m", "input": "2026-11-22"}), NOW)] == ["input"]
+    assert scan(keyed("chat.completions", {"model": "m", "messages": "not a list"}), NOW) == []
 
 
-def test_warning_is_one_ascii_line_naming_kinds_and_place():
-    assert warning([]) is None
-    found = scan(SURFACES["chat.completions"].texts({"messages": [
-        {"role": "user", "content": "id 4b1a9c0e7d2f8a31 at 2026-11-22T10:00:00Z"}]}), NOW)
+def test_tool_outputs_are_scanned_but_what_the_upstream_said_earlier_is_not():
+    surface = SURFACES["messages"]
+    body = {"model": "m", "max_tokens": 9, "messages": [
+        {"role": "user", "content": "run it"},
+        {"role": "assistant", "content": [{"type": "text", "text": "at 2026-11-22"},
+                                          {"type": "tool_use", "id": "toolu_01A09q90qw90lq917835lq9", "name": "Bash",
+                                           "input": {"command": "date +%s%N"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01A09q90qw90lq917835lq9",
+                                      "content": "1795364250902660121"}]},
+    ]}
+    found = scan(keyed("messages", body), NOW, surface.resent)
+    assert [(f.kind, f.path) for f in found] == [("epoch", "messages[2].content[0].content")]
+    codex = {"model": "m", "input": [
+        {"type": "custom_tool_call", "call_id": "call_AbC1dEf2GhI3jKl4MnO5pQr6", "name": "exec", "input": "x"},
+        {"type": "custom_tool_call_output", "call_id": "call_AbC1dEf2GhI3jKl4MnO5pQr6",
+         "output": [{"type": "input_text", "text": "done at 2026-11-22T16:00:00Z"}]},
+        {"type": "reasoning", "id": "rs_AbC1dEf2GhI3jKl4MnO5pQr6", "encrypted_content": "gAAAAbC1dEf2GhI3jKl4MnO5pQr6"}]}
+    found = scan(keyed("responses", codex), NOW, SURFACES["responses"].resent)
+    assert [(f.kind, f.path) for f in found] == [("datetime", "input[1].output")]
+
+
+def test_blobs_are_data_not_hidden_variables():
+    image = "data:image/png;base64," + base64.b64encode(random.Random(1).randbytes(300)).decode()
+    signature = base64.b64encode(random.Random(2).randbytes(300)).decode()
+    assert scan({"url": image, "signature": signature}, NOW) == []
+    assert [f.kind for f in scan({"signature": signature[:40]}, NOW)] == ["token_id"]
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": [{"role": "user", "content": "# currentDate\nToday's date is 2026-11-22.\n"}]},
+    {"input": [{"role": "user", "content": "<current_date>2026-11-22</current_date>"}]},
+    {"client": {"turn_started_at_unix_ms": 1795364250123}},
+    {"items": [{"id": "msg_3f2b8c1e-9a4d-4c2b-8f1e-2b3c4d5e6f70"}, {"id": "msg_4b1a9c0e-7d2f-4a31-8f1e-2b3c4d5e6f70"}]},
+    {"log": "started 22 November 2026 at noon, run eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9"},
+])
+def test_the_suggested_key_rule_parses_and_leaves_what_it_names_out(body):
+    found = scan(body, NOW)
     line = warning(found)
     assert line.isascii() and "\n" not in line
-    assert "datetime, hex_id" in line and "messages[0].content[3:19]" in line
+    suggested = tomllib.loads(line.split("leaves the first out: ", 1)[1])["key_rules"]
+    rule = KeyRule(**suggested[0])
+    cleaned, fired = apply(body, (rule,))
+    assert fired == (rule,)
+    assert not [f for f in scan(cleaned, NOW) if (f.path, f.kind) == (found[0].path, found[0].kind)]
 
+
+def test_warning_is_one_ascii_line_naming_kinds_and_places():
+    assert warning([]) is None
+    found = scan(keyed("chat.completions", {"model": "m", "messages": [
+        {"role": "user", "content": "id 4b1a9c0e7d2f8a31 at 2026-11-22T10:00:00Z"}],
+        "x_ids": ["3f2b8c1e-9a4d-4c2b-8f1e-2b3c4d5e6f70"] * 5, "x\u00e9\n\"": "4b1a9c0e7d2f8a31"}), NOW)
+    line = warning(found)
+    assert line.isascii() and "\n" not in line and line.isprintable()
+    assert "datetime, uuid, hex_id" in line and "first at messages[0].content[3:19]" in line
+    assert "also at x_ids[0], x_ids[1], x_ids[2] and 3 more" in line  # each path named, the list cut short
+    assert "key_rules = [{name = " in line
 
 
 def _unwindowed(text):

@@ -14,12 +14,12 @@ def test_a_prompt_with_todays_date_and_a_uuid_is_warned_about_on_the_miss_only(u
     body = {"model": "fake/m1", "messages": [{"role": "user", "content": f"Today is {today}. Request {uuid.uuid4()}."}]}
     miss = post(gw.url, "/v1/chat/completions", body)
     assert miss.cache == "miss"
-    assert "prompt holds values that change per request (date, uuid; first at messages[0].content" \
+    assert "request holds values that change per request (date, uuid; first at messages[0].content" \
         in miss.headers["x-detgate-warnings"]
     assert metric(gw, 'detgate_hidden_variables_total{kind="date"}') == 1
     assert metric(gw, 'detgate_hidden_variables_total{kind="uuid"}') == 1
     hit = post(gw.url, "/v1/chat/completions", body)
-    assert hit.cache == "hit" and "prompt holds" not in hit.headers.get("x-detgate-warnings", "")
+    assert hit.cache == "hit" and "request holds" not in hit.headers.get("x-detgate-warnings", "")
     assert metric(gw, 'detgate_hidden_variables_total{kind="date"}') == 1
 
 

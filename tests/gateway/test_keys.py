@@ -33,7 +33,7 @@ key_parts = st.builds(KeyParts, fields, fields, fields, fields, fields, st.binar
 
 def test_key_is_short_printable_and_redis_safe():
     key = sign(SECRET, PARTS)
-    assert re.fullmatch(r"dg2:[0-9a-f]{64}", key)
+    assert re.fullmatch(r"dg3:[0-9a-f]{64}", key)
     assert KEY_PREFIX == f"dg{KEY_SCHEMA_VERSION}:"
 
 
@@ -55,10 +55,10 @@ def test_key_is_hmac_sha256_of_the_documented_encoding():
         return len(b).to_bytes(8, "big") + b
 
     parts = KeyParts("t", "u", "m", "chat.completions", "single", b'{"a":1}')
-    message = field(b"detgate/key") + (2).to_bytes(4, "big") + b"".join(
-        field(x) for x in (b"t", b"u", b"m", b"chat.completions", b"single", b'{"a":1}', b""))
-    expected = "dg2:" + hmac.new(b"k", message, hashlib.sha256).hexdigest()
-    assert sign(b"k", parts) == expected == "dg2:f455ae8f0800a02d16c88672e0b7b1bbb8b9d3238b99f752b20f78f95e9a7228"
+    message = field(b"detgate/key") + (3).to_bytes(4, "big") + b"".join(
+        field(x) for x in (b"t", b"u", b"m", b"chat.completions", b"single", b'{"a":1}', b"", b""))
+    expected = "dg3:" + hmac.new(b"k", message, hashlib.sha256).hexdigest()
+    assert sign(b"k", parts) == expected == "dg3:4b423dc9269ae7d5420ae609ebee1366e58a034b82b8c55a5c01328a98ac78f1"
 
 
 def test_a_different_secret_gives_a_different_key():
