@@ -51,12 +51,13 @@ def test_a_wrong_key_is_the_sdks_authentication_error(upstream, claude, gateway)
     assert fake.calls == []
 
 
-def test_a_replay_miss_is_the_sdks_not_found_error(upstream, claude, gateway):
+def test_a_replay_miss_is_the_sdks_bad_request_error(upstream, claude, gateway):
+    # A 400 invalid_request_error, which Claude Code shows the user (a 404 reads as a model error).
     fake, _ = claude
     gw = gateway(upstreams=upstreams(upstream, claude), mode="replay")
-    with pytest.raises(anthropic.NotFoundError) as raised:
+    with pytest.raises(anthropic.BadRequestError) as raised:
         sdk(gw.url).messages.create(model=MODEL, max_tokens=64, messages=MESSAGES)
-    assert "replay" in raised.value.message.lower()
+    assert "replay" in raised.value.message.lower() and raised.value.body["error"]["type"] == "invalid_request_error"
     assert fake.calls == []
 
 

@@ -47,9 +47,13 @@ def test_a_recorded_codex_turn_replays_with_another_days_date_and_timings(upstre
     fake, _ = upstream
     shared = {"redis_url": redis_url, "near_cache_ttl_s": 0}
     record, replay = client(gateway(mode="record", **shared).url), client(gateway(mode="replay", **shared).url)
-    recorded = _codex(record, **codex_request(TODAY, codex_run(), "0.1", DATA))
-    replayed = _codex(replay, **codex_request(TOMORROW, codex_run(), "0.0", DATA))
-    assert (recorded[0], replayed[0]) == ("miss", "hit") and replayed[2] == recorded[2]
+    today_run, tomorrow_run = codex_run(), codex_run()
+    recorded = _codex(record, **codex_request(TODAY, today_run, "0.1", DATA))
+    replayed = _codex(replay, **codex_request(TOMORROW, tomorrow_run, "0.0", DATA))
+    assert (recorded[0], replayed[0]) == ("miss", "hit")
+    # The same bytes, but for the prompt_cache_key each reader is shown as it sent it.
+    assert replayed[2].replace(tomorrow_run["session"].encode(), b"<session>") == \
+        recorded[2].replace(today_run["session"].encode(), b"<session>")
     assert "codex:current-date, codex:wall-time" in replayed[1]
     sent = fake.calls[0][1]["input"]
     assert f"<current_date>{TODAY.isoformat()}</current_date>" in sent[2]["content"]  # one text part is its text
@@ -112,7 +116,7 @@ def test_user_rules_from_the_toml_config_are_part_of_the_key_schema(upstream, ga
     again = post(replay.url, "/v1/chat/completions", ask(18, "r-2"))
     assert again.cache == "hit" and again.key == first.key and again.body == first.body
     # A gateway without those rules never shares the entry, not even for the very same request.
-    assert post(unruled.url, "/v1/chat/completions", ask(17, "r-1")).status == 404
+    assert post(unruled.url, "/v1/chat/completions", ask(17, "r-1")).json()["error"]["code"] == "replay_miss"
     # A request no rule touches keys as it always did: with or without rules configured.
     plain = post(ruled.url, "/v1/chat/completions", CHAT)
     assert "x-detgate-warnings" not in plain.headers or "key rules" not in plain.headers["x-detgate-warnings"]
