@@ -39,6 +39,9 @@ class Outcome:
     stored: bool = True  # False when this answer went out uncached
     # Why the store rules kept it out of the store; None when it is stored, or the store failed.
     declined: str | None = None
+    # This flight's own answer where `entry` is another call's, stored first while this flight
+    # flew without the cross-replica lock: what its live readers were sent, which the store lacks.
+    overtaken: Entry | None = None
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,8 @@ class SingleFlight:
                     self._on_declined(entry)
                 await self._safely("unlock", self.store.unlock(key, self.owner))
                 return Outcome(entry, filled=True, stored=False, declined=declined)
-            stored, entry = await self._commit(key, entry, overwrite, ttl_ms)
-            return Outcome(entry, filled=True, stored=stored)
+            stored, kept, overtaken = await self._commit(key, entry, overwrite, ttl_ms)
+            return Outcome(kept, filled=True, stored=stored, overtaken=entry if overtaken else None)
         finally:
             feed.close()
 
@@ -142,19 +145,19 @@ class SingleFlight:
             self._on_store_error("tamper" if isinstance(exc, TamperedEntry) else "decode")
             return None
 
-    async def _commit(self, key: str, entry: Entry, overwrite: bool, ttl_ms: int) -> tuple[bool, Entry]:
+    async def _commit(self, key: str, entry: Entry, overwrite: bool, ttl_ms: int) -> tuple[bool, Entry, bool]:
         """Store first-writer-wins, release the lock, and return (whether the store holds an
-        answer, what it holds), which every reader then gets."""
+        answer, what it holds, which every reader then gets, whether that is another call's)."""
         if ttl_ms:
             entry = dataclasses.replace(entry, expires_ms=now_in_ms() + ttl_ms)
         raw = self.sealer.seal(key, entry)
         stored = await self._safely("put", self.store.commit(key, raw, self.owner, overwrite=overwrite, ttl_ms=ttl_ms))
         if stored is None:  # the store failed: this answer goes out unstored; the lock lapses by lease
-            return False, entry
+            return False, entry, False
         if stored:
-            return True, entry
+            return True, entry, False
         winner = await self._read(key)
-        return winner is not None, winner or entry
+        return winner is not None, winner or entry, winner is not None
 
     async def _heartbeat(self, key: str) -> None:
         while True:

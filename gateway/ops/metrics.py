@@ -29,6 +29,9 @@ class Metrics:
                                  ["route"], registry=r)
         self.cache_errors = Counter("detgate_cache_errors", "Store operations that failed; the request went on uncached.",
                                     ["op"], registry=r)
+        self.live_unstored = Counter("detgate_live_stream_unstored", "Live streams sent as a miss or coalesced "
+                                     "whose answer the cache does not hold: its store failed, or another replica's "
+                                     "call stored first (its headers had left).", ["route"], registry=r)
         self.canonical_rules = Counter("detgate_canonical_rules", "Canonicalization rules that changed a request.",
                                        ["rule"], registry=r)
         self.cache_entries_bytes = Gauge("detgate_cache_entries_bytes", "Bytes held by the in-process store.", registry=r)

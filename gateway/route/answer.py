@@ -15,7 +15,7 @@ from gateway.ops.watch import DRIFT, UPSTREAM
 from gateway.route.chains import own, own_body
 from gateway.route.lookup import settle
 from gateway.route.warnings import warn
-from gateway.state import CACHE, LATE_WARNINGS, MODEL
+from gateway.state import CACHE, LATE_WARNINGS, METRICS, MODEL
 from gateway.strategies.voting import meta_headers
 
 
@@ -74,15 +74,21 @@ async def _stream_live(request: web.Request, tenant: Tenant, surface: Surface, f
             await _own_passed_on(request, tenant, surface, exc)
             await response.write(surface.in_band_error(exc))
             return response
+        # What this reader was sent live: the flight's own answer, also where another replica's
+        # call stored a different one first (its frames went out before the race was lost).
+        sent = outcome.overtaken or outcome.entry
+        if cache != "bypass" and outcome.declined is None and (outcome.overtaken or not outcome.stored):
+            # Headers said miss; the cache holds no such answer: bench/load_faults.py's bound.
+            request.app[METRICS].live_unstored.labels(request.match_info.route.name or "").inc()
         if surface.names_state:
-            await own(request, tenant, surface, outcome.entry, outcome.stored and cache != "bypass")
+            await own(request, tenant, surface, sent, outcome.stored and not outcome.overtaken and cache != "bypass")
         unstored = outcome.declined or rejection(outcome.entry)
         if unstored is not None:
             # The headers are gone: said in the access log, and to the client as an SSE
             # comment, which every SSE reader skips.
             request[LATE_WARNINGS] = late = f"answer not stored: {unstored}"
             await response.write(b": x-detgate-warnings: " + " ".join(late.splitlines()).encode() + b"\n\n")
-        await response.write(surface.stream_end(outcome.entry, view))
+        await response.write(surface.stream_end(sent, view))
     except ConnectionResetError:
         pass  # the client left; the flight goes on and is stored if it completes
     return response
