@@ -19,6 +19,8 @@ PACKAGES = {"@anthropic-ai/claude-code": "2.1.197", "@openai/codex": "0.171.0"}
 CLAUDE = PREFIX / "node_modules" / ".bin" / "claude"
 CODEX = PREFIX / "node_modules" / ".bin" / "codex"
 
+SECRET = "agent-tests-secret"  # the gateways' signing secret: a golden file checks it
+
 # Bytes an agent must pass on as they are on disk: a BOM, CRLF line ends, a zero-width space
 # and an e-acute in decomposed form (e + U+0301).
 TRICKY = b"\xef\xbb\xbfline one\r\nzero\xe2\x80\x8bwidth cafe\xcc\x81\r\n"

@@ -13,11 +13,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from agent_clis import REPO, install, installed
+from agent_clis import REPO, SECRET, install, installed
 from fakes.agent_upstream import FakeAgentUpstream
 from fakes.loopback import LoopbackServer, free_port
-
-SECRET = "agent-tests-secret"
 
 
 def _registry_reachable() -> bool:

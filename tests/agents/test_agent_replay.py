@@ -15,10 +15,9 @@ import orjson
 import pytest
 import redis
 
-from agent_clis import REPO, TRICKY, Workspace
+from agent_clis import REPO, SECRET, TRICKY, Workspace
 from agent_kinds import AGENTS, CLAUDE, CODEX, Agent
 from agent_scripts import HELLO, PROMPT
-from conftest import SECRET
 
 BY_NAME = {"ids": lambda agent: agent.name}
 
