@@ -88,6 +88,21 @@ def sampling() -> dict[str, str]:
             "sample 64x152064": digest(kernels.sample(logits, seeds, steps, temperature, top_k, top_p))}
 
 
+def mixture_of_experts() -> dict[str, str]:
+    """Qwen3-30B-A3B's experts (H 2048, I 768, 128 experts, top 8): routing, and the experts at a
+    decode size (a block per slot) and a batch (sorted blocks)."""
+    h, i, e, k = 2048, 768, 128, 8
+    gate_up = (inputs(41, e, 2 * i, h).float() * h ** -0.5).to(torch.bfloat16)
+    down = (inputs(42, e, h, i).float() * i ** -0.5).to(torch.bfloat16)
+    out = {}
+    for t in (1, 256):
+        x = inputs(43 + t, t, h)
+        weights, ids = kernels.moe.route(inputs(44 + t, t, e), k, True)
+        out[f"moe route T={t} E={e} k={k}"] = digest(torch.cat([weights.view(torch.int32), ids], 1))
+        out[f"moe experts T={t} H={h} I={i}"] = digest(kernels.moe.experts(x, weights, ids, gate_up, down))
+    return out
+
+
 def compare(paths: list[str]) -> str:
     runs = [json.load(open(path)) for path in paths]
     # The same chip under two compilers is two columns: name the toolchain where a run recorded it.
@@ -121,7 +136,7 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
               "toolchain": kernels.toolchain(torch.device(DEVICE)), "kernel_version": kernels.KERNEL_VERSION,
               "digests": {}}
-    for part in (matmuls, norms, attention, sampling):
+    for part in (matmuls, norms, attention, sampling, mixture_of_experts):
         result["digests"].update(part())
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -29,6 +29,7 @@ from kernels.rotary import rope_store_kv
 from kernels.sampling import argmax, log_softmax, logsumexp, sample
 from kernels.sampling_mask import apply_token_mask
 from kernels.toolchain import toolchain
+from kernels import moe
 
 # Bump whenever a reduction order changes (e.g. matmul BLOCK_K): that changes output bits.
 KERNEL_VERSION = "7"
@@ -37,5 +38,5 @@ __all__ = [
     "apply_token_mask",
     "KERNEL_VERSION", "argmax", "attention_plan", "get_mode", "launches_early", "log_softmax", "logsumexp",
     "matmul", "matmul_partials", "mode", "paged_attention", "rms_norm", "rms_norm_residual", "rope_store_kv",
-    "sample", "set_mode", "silu_mul", "store_kv", "swiglu", "toolchain",
+    "moe", "sample", "set_mode", "silu_mul", "store_kv", "swiglu", "toolchain",
 ]
