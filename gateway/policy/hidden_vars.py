@@ -33,8 +33,11 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
+
+import xxhash
 
 DEFAULT_WINDOW_S = 86_400.0
 
@@ -213,8 +216,8 @@ def scan(body: Any, now: float, resent: Resent | None = None, window_s: float = 
 def _scan(value: Any, path: str, now: float, window_s: float, resent: Resent, out: list[Finding]) -> None:
     if isinstance(value, str):
         if not value.startswith("data:") and not (len(value) > _BLOB and not any(c.isspace() for c in value)):
-            out.extend(Finding(f.kind, f.start, f.end, path, _rule(f, value, path))
-                       for f in find(value, now, window_s))
+            found = find(value, now, window_s) if len(value) < _LONG else _find_long(value, now, window_s)
+            out.extend(Finding(f.kind, f.start, f.end, path, _rule(f, value, path)) for f in found)
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         text = str(value)
         out.extend(Finding(f.kind, f.start, f.end, path, _rule(f, text, path)) for f in find(text, now, window_s))
@@ -226,6 +229,27 @@ def _scan(value: Any, path: str, now: float, window_s: float, resent: Resent, ou
         for i, item in enumerate(value):
             if not resent(None, item):
                 _scan(item, f"{path}[{i}]", now, window_s, resent, out)
+
+
+# An agent sends its system prompt and tool descriptions (tens of KB) again on every turn:
+# what was found in a long text is remembered, by its digest and the hour (so "near now"
+# moves on), and only the new parts of a turn are searched.
+_LONG = 1024
+_MEMO: dict[tuple[int, int, float], tuple[Finding, ...]] = {}  # first in, first out
+_MEMO_SIZE = 512
+_MEMO_LOCK = threading.Lock()  # gateways may run on several threads of one process
+
+
+def _find_long(text: str, now: float, window_s: float) -> tuple[Finding, ...]:
+    key = (xxhash.xxh3_128_intdigest(text.encode("utf-8", "surrogatepass")), int(now // 3600), window_s)
+    found = _MEMO.get(key)
+    if found is None:
+        found = tuple(find(text, key[1] * 3600.0, window_s))
+        with _MEMO_LOCK:
+            if len(_MEMO) >= _MEMO_SIZE:
+                del _MEMO[next(iter(_MEMO))]
+            _MEMO[key] = found
+    return found
 
 
 # ---- the key rule that would cover a finding
