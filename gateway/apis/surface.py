@@ -22,6 +22,7 @@ answer object, live or replayed (`echo_frame`), so no reader is ever shown anoth
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Iterator, Mapping
 
 import orjson
@@ -63,10 +64,47 @@ def with_echo(obj: dict, echo: tuple[tuple[str, bytes], ...]) -> dict | None:
     return {**obj, **changed} if changed else None
 
 
-def _names_any(sent: bytes, view: View) -> bool:
-    """Whether bytes may hold a member the reader's echo sets (a quote inside a JSON string
-    is escaped, so only a member's name matches): most frames are skipped unparsed."""
-    return any(b'"' + name.encode() + b'"' in sent for name, _ in view.echo)
+@lru_cache(maxsize=1024)  # a few views per surface, asked on every hit
+def _needles(echo: tuple[tuple[str, bytes], ...], holder: str) -> tuple[bytes, ...]:
+    """What bytes that may hold an echoed member contain: the quoted name of the member
+    holding the answer object, or else of an echoed member. A quote inside a JSON string is
+    escaped, so only a member's name matches, and most frames are skipped unparsed."""
+    return (b'"' + holder.encode() + b'"',) if holder else tuple(b'"' + name.encode() + b'"' for name, _ in echo)
+
+
+def _may_echo(sent: bytes, view: View, holder: str) -> bool:
+    return bool(view.echo) and any(needle in sent for needle in _needles(view.echo, holder))
+
+
+# Hits replay the same few entries to the same few views: renderings are kept (these are
+# pure functions), so a hot hit pays a hash of its bytes rather than a parse.
+@lru_cache(maxsize=512)
+def _echo_frame(sent: bytes, echo: tuple[tuple[str, bytes], ...], holder: str) -> bytes:
+    head, _, rest = sent.partition(b"data: ")
+    event = head[len(b"event: "):].strip().decode() if head.startswith(b"event: ") else None
+    try:
+        payload = orjson.loads(rest)
+    except orjson.JSONDecodeError:
+        return sent
+    obj = payload.get(holder) if isinstance(payload, dict) and holder else payload
+    shown = with_echo(obj, echo) if isinstance(obj, dict) else None
+    if shown is None:
+        return sent
+    return frame(orjson.dumps({**payload, holder: shown} if holder else shown), event)
+
+
+@lru_cache(maxsize=256)
+def _echo_body(body: bytes, echo: tuple[tuple[str, bytes], ...]) -> bytes:
+    parsed = orjson.loads(body)
+    shown = with_echo(parsed, echo) if isinstance(parsed, dict) else None
+    return body if shown is None else orjson.dumps(shown)
+
+
+@lru_cache(maxsize=256)
+def _echo_stream(frames: bytes, echo: tuple[tuple[str, bytes], ...], holder: str) -> bytes:
+    needles = _needles(echo, holder)
+    return b"".join(_echo_frame(one + b"\n\n", echo, holder) if any(n in one for n in needles) else one + b"\n\n"
+                    for one in frames.split(b"\n\n")[:-1])
 
 
 def input_texts(body: dict, name: str) -> Iterator[tuple[str, str]]:
@@ -228,33 +266,15 @@ class Surface:
         """A stream frame as this reader is shown it: where its payload carries the answer
         object (`echo_object`), with the reader's echoed values. Live frames and replayed ones
         go through it alike, so a live miss and its replays are the same bytes."""
-        if not _names_any(sent, view):
-            return sent
-        head, _, rest = sent.partition(b"data: ")
-        event = head[len(b"event: "):].strip().decode() if head.startswith(b"event: ") else None
-        try:
-            payload = orjson.loads(rest)
-        except orjson.JSONDecodeError:
-            return sent
-        obj = payload.get(self.echo_object) if isinstance(payload, dict) and self.echo_object else payload
-        shown = with_echo(obj, view.echo) if isinstance(obj, dict) else None
-        if shown is None:
-            return sent
-        return frame(orjson.dumps({**payload, self.echo_object: shown} if self.echo_object else shown), event)
+        return _echo_frame(sent, view.echo, self.echo_object) if _may_echo(sent, view, self.echo_object) else sent
 
     def echo_body(self, body: bytes, view: View) -> bytes:
         """An answer body with the reader's echoed values."""
-        if not _names_any(body, view):
-            return body
-        parsed = orjson.loads(body)
-        shown = with_echo(parsed, view.echo) if isinstance(parsed, dict) else None
-        return body if shown is None else orjson.dumps(shown)
+        return _echo_body(body, view.echo) if _may_echo(body, view, "") else body
 
     def echo_stream(self, frames: bytes, view: View) -> bytes:
         """Recorded frames (each ends in a blank line) with the reader's echoed values."""
-        if not view.echo or not frames:
-            return frames
-        return b"".join(self.echo_frame(one + b"\n\n", view) for one in frames.split(b"\n\n")[:-1])
+        return _echo_stream(frames, view.echo, self.echo_object) if view.echo and frames else frames
 
     def passed_on(self, payload: bytes, view: View) -> tuple[bytes, str]:
         """An answer passed on unfinished with its 200 and never stored (a failed or
