@@ -25,7 +25,8 @@ def pass_through(request: web.Request, why: str, control: str | None, headers: d
     no-store, with a warning saying why; never in replay or only-if-cached."""
     if control == "only-if-cached":
         replay = request.app[SETTINGS].mode == "replay"
-        raise ApiError(404, f"This request is never cached ({why}): only an upstream call can answer it, which "
+        # A replay miss is a 400 on every wire, as gateway/cache/modes.py says why.
+        raise ApiError(400 if replay else 404, f"This request is never cached ({why}): only an upstream call can answer it, which "
                             f"{'replay mode' if replay else 'x-detgate-cache-control: only-if-cached'} rules out.",
                        code="replay_miss" if replay else "cache_miss", headers={**headers, "x-detgate-cache": "miss"})
     warn(headers, f"passed through uncached: {why}")

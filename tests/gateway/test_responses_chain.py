@@ -96,7 +96,7 @@ def test_state_the_gateway_cannot_key_is_passed_through(upstream, gateway, extra
         assert replies[0].status == 200 and replies[0].json()["status"] == "queued"  # passed on as it came
     replay = gateway(mode="replay")
     refused = post(replay.url, "/v1/responses", body)
-    assert refused.status == 404 and refused.json()["error"]["code"] == "replay_miss" and len(fake.calls) == 2
+    assert refused.status == 400 and refused.json()["error"]["code"] == "replay_miss" and len(fake.calls) == 2
 
 
 def test_tenants_continue_only_their_own_answers(upstream, gateway):
