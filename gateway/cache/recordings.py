@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import orjson
+
 from gateway.cache.session_store import SessionStore
 from gateway.cache.sessions import (
     UNNAMED,
@@ -47,11 +48,13 @@ class Asking:
         return orjson.loads(self.parts.canonical)
 
     def bound(self, secret: bytes, key: str) -> str:
-        """A key bound to what this request's answers are kept apart by."""
+        """A key bound to what this request's answers are kept apart by, as the route binds
+        its entry key (gateway/route/chains.py: kept_apart)."""
         return chained(secret, key, "#" + self.apart) if self.apart else key
 
 
 def asking(prepared: Prepared, headers: Mapping[str, str], apart: str) -> Asking | None:
+    """None where sessions do not apply: normal mode, or a request answered in parts."""
     if prepared.parts is None:
         return None
     call = prepared.call

@@ -257,3 +257,24 @@ def test_the_in_process_store_keeps_a_recorded_session(upstream, claude, gateway
     assert all("session turn not recorded" not in r.headers["x-detgate-warnings"] for r in recorded)
     sessions = recorder.app[GATEWAY].sessions
     assert isinstance(sessions, MemorySessions) and sessions.nbytes > 0
+
+
+def test_a_chat_completions_tool_loop_replays_with_a_changed_tool_message(upstream, gateway, redis_url):
+    shared = {"redis_url": redis_url, "near_cache_ttl_s": 0}
+    record, replay = gateway(mode="record", **shared), gateway(mode="replay", **shared)
+    tools = [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]
+
+    def run(base: str, output: str) -> list:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        messages: list = [{"role": "user", "content": "What is here?"}]
+        first = client.chat.completions.with_raw_response.create(model="fake/m1", messages=messages, tools=tools,
+                                                                 tool_choice="required")
+        call = first.parse().choices[0].message
+        messages += [call.to_dict(), {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": output}]
+        return [first, client.chat.completions.with_raw_response.create(model="fake/m1", messages=messages, tools=tools)]
+
+    recorded = run(record.url, "a.txt 13:56")
+    replayed = run(replay.url, "a.txt 09:12")
+    assert [r.headers["x-detgate-cache"] for r in replayed] == ["hit", "hit"]
+    assert replayed[1].http_response.content == recorded[1].http_response.content
+    assert replayed[1].headers["x-detgate-warnings"].endswith("at messages[2].content")
