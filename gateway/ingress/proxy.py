@@ -167,14 +167,19 @@ async def _owned_answer(request: web.Request, tenant: Tenant, upstream: str, rul
         return payload
     listed = parsed.get("data") if isinstance(parsed.get("data"), list) else []
     owners = request.app[GATEWAY].owners
-    try:
-        if request.method == "GET" and not rule.named(segments) and listed:
+    if request.method == "GET" and not rule.named(segments) and listed:
+        try:
             mine = [item for item in listed if isinstance(item, dict)
                     and isinstance(item.get("id"), str) and await owners.owns(tenant, upstream, item["id"])]
-            return orjson.dumps({**parsed, "data": mine})
-        ids = [parsed.get("id"), *(item.get("id") for item in listed if isinstance(item, dict))]
+        except StoreError:
+            request.app[METRICS].cache_errors.labels("get").inc()
+            raise store_unavailable("whose objects this listing holds could not be looked up") from None
+        return orjson.dumps({**parsed, "data": mine})
+    ids = [parsed.get("id"), *(item.get("id") for item in listed if isinstance(item, dict))]
+    try:
         await owners.created(tenant, upstream, [one for one in ids if isinstance(one, str) and one])
     except StoreError:
+        # The call is made: its answer is the tenant's own all the same, whose later use of
+        # these ids gets the 404 of an id it does not own.
         request.app[METRICS].cache_errors.labels("put").inc()
-        raise store_unavailable("who owns what this answer names could not be recorded") from None
     return payload
