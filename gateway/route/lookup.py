@@ -112,7 +112,7 @@ def _recordings(request: web.Request) -> Recordings:
 async def _recorded(request: web.Request, task: asyncio.Task[Outcome], asking: Asking, key: str,
                     headers: dict[str, str]) -> Outcome:
     """A record-mode flight's outcome, once its answer, if stored, is kept as a turn of its
-    session: before the answer is sent, so the next turn an agent sends finds this one."""
+    session: before a whole answer is sent, and before a live stream's closing bytes."""
     outcome = await task
     if outcome.stored and outcome.declined is None:
         try:
