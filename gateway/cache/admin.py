@@ -16,10 +16,11 @@ from typing import Any, Mapping
 
 import orjson
 
+from gateway.apis import SURFACES
 from gateway.cache.entry import CorruptEntry, Entry, Sealer, now_in_ms
+from gateway.cache.owners import LINK  # ownership records share the store; they are not answers
 from gateway.cache.store import Store
 
-LINK = "link"  # gateway/cache/owners.py: ownership records share the store; they are not answers
 MAX_LIMIT = 1000
 # Keys a list request walks at most before it answers with a cursor, so that a filter that
 # matches little cannot hold one request for the whole store.
@@ -33,6 +34,7 @@ class Filters:
     model: str | None = None  # an fnmatch glob over the pinned model (or the answering one, for older entries)
     surface: str | None = None
     finish: str | None = None
+    fingerprint: str | None = None  # the answer's system_fingerprint: after a drift, the old build's answers
     older_than_s: float | None = None
     newer_than_s: float | None = None
 
@@ -69,6 +71,8 @@ class Filters:
             return False
         if self.model is not None and not fnmatch.fnmatchcase(origin.get("model") or entry.model, self.model):
             return False
+        if self.fingerprint is not None and fingerprint(entry) != self.fingerprint:
+            return False
         if self.older_than_s is not None or self.newer_than_s is not None:
             filled = origin.get("filled_at_ms")
             if filled is None:
@@ -79,6 +83,12 @@ class Filters:
             if self.newer_than_s is not None and age > self.newer_than_s:
                 return False
         return True
+
+
+def fingerprint(entry: Entry) -> str | None:
+    """The build identifier the upstream gave with this answer, by its surface's rule."""
+    surface = SURFACES.get((entry.origin or {}).get("surface") or "chat.completions")
+    return surface.fingerprint(entry.body) if surface is not None else None
 
 
 def summary(key: str, entry: Entry, size: int, now_ms: int) -> dict[str, Any]:
@@ -158,10 +168,8 @@ class CacheAdmin:
                   "body": _json_or_text(entry.body),
                   "stream_bytes": None if entry.stream is None else len(entry.stream),
                   "tail": None if entry.tail is None else _json_or_text(entry.tail.removeprefix(b"data: ").strip())}
-        body = _json_or_text(entry.body)
-        fingerprint = body.get("system_fingerprint") if isinstance(body, dict) else None
         return {**summary(key, entry, len(raw), now_ms), "readable": True, "link": entry.finish == LINK,
-                "origin": entry.origin, "record": record, "fingerprint": fingerprint,
+                "origin": entry.origin, "record": record, "fingerprint": fingerprint(entry),
                 "seal": raw[:Sealer.MAC_LEN].decode("ascii", "replace")}
 
     async def delete(self, key: str) -> bool | None:

@@ -1,6 +1,7 @@
 """The operator's cache API, behind --operator-token (a gateway without one does not serve it):
 
-    GET    /detgate/cache?tenant=&upstream=&model=&surface=&finish=&older_than_s=&newer_than_s=&cursor=&limit=
+    GET    /detgate/cache?tenant=&upstream=&model=&surface=&finish=&fingerprint=&older_than_s=&newer_than_s=
+                         &cursor=&limit=
     GET    /detgate/cache/{key}
     DELETE /detgate/cache/{key}
     DELETE /detgate/cache?<filters>        (at least one filter, or all=true)
@@ -98,7 +99,7 @@ async def delete_entries(request: web.Request) -> web.Response:
     admin, filters = _admin(request), _filters(request)
     if filters.empty() and request.query.get("all") != "true":
         raise ApiError(400, "Deleting by filter needs at least one filter (tenant, upstream, model, surface, finish, "
-                            "older_than_s, newer_than_s), or all=true to empty the cache.", code="filter_required")
+                            "fingerprint, older_than_s, newer_than_s), or all=true to empty the cache.", code="filter_required")
     try:
         counts = await admin.delete_matching(filters)
     except StoreError as exc:

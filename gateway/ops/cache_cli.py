@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 ACTIONS = ("ls", "show", "rm")
-FILTERS = ("tenant", "upstream", "model", "surface", "finish", "older_than_s", "newer_than_s")
+FILTERS = ("tenant", "upstream", "model", "surface", "finish", "fingerprint", "older_than_s", "newer_than_s")
 COLUMNS = ("key", "tenant", "upstream", "surface", "model", "finish", "age_s", "bytes")
 
 
@@ -50,6 +50,7 @@ def _filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="a glob over the pinned model, e.g. 'gpt-4o-2024-*'")
     parser.add_argument("--surface", help="chat.completions, completions, embeddings, responses, messages")
     parser.add_argument("--finish", help="the answer's finish class: stop, length, content_filter")
+    parser.add_argument("--fingerprint", help="the answer's system_fingerprint (after a drift: the old build's)")
     parser.add_argument("--older-than-s", type=float, help="filled at least this many seconds ago")
     parser.add_argument("--newer-than-s", type=float, help="filled at most this many seconds ago")
 
@@ -102,7 +103,6 @@ def _on_store(args: argparse.Namespace, filters: dict[str, str]) -> Any:
     from pydantic import ValidationError
 
     from gateway import config
-    from gateway.commands import NO_STORE
 
     flags = {"redis_url": args.redis_url, "secret": args.secret, "log_level": args.log_level or "WARNING"}
     try:
@@ -110,8 +110,8 @@ def _on_store(args: argparse.Namespace, filters: dict[str, str]) -> Any:
     except (ValidationError, ValueError, OSError) as exc:
         raise RuntimeError(f"invalid settings: {exc}") from None
     if not settings.redis_url:
-        raise RuntimeError(f"cache {args.action} " + NO_STORE.format(what=args.action).replace(
-            "there is nothing to", "give --gateway URL to"))
+        raise RuntimeError(f"cache {args.action} needs --redis-url (or redis_url in --config), or --gateway URL: "
+                           "an in-process store is reached only through its gateway's API")
     if settings.secret is None:
         raise RuntimeError(f"cache {args.action} needs --secret (or DETGATE_SECRET): the one the gateway signs with")
     return asyncio.run(_admin(args, filters, settings.redis_url, settings.secret.get_secret_value().encode(),

@@ -4,7 +4,7 @@ W3C `traceparent` / `tracestate` accepted from the client and sent on to the ups
 exported over OTLP/HTTP when `--otlp-endpoint` is set.
 
 Off (the default) it costs the hit path nothing: the middleware and the traced store are
-not installed, opentelemetry is never imported, and the few hooks on the miss path (in the
+not installed, no tracer provider is built, and the few hooks on the miss path (in the
 upstream client, the single-flight and the strategies) read one context variable and return.
 On, each app has its own tracer provider, so gateways sharing a process do not mix spans.
 Attributes follow OpenTelemetry's HTTP and GenAI semantic conventions where they fit
@@ -17,6 +17,8 @@ import contextlib
 import contextvars
 from typing import Any, Awaitable, Iterator, TypeVar
 from urllib.parse import urlsplit
+
+import orjson
 
 T = TypeVar("T")
 
@@ -33,7 +35,8 @@ KEY_PREFIX_CHARS = 16
 class Tracing:
     """An app's tracer provider, exporter and propagator (needs the [otel] extra)."""
 
-    def __init__(self, endpoint: str, service: str = "detgate-gateway", exporter: Any = None) -> None:
+    def __init__(self, endpoint: str, service: str = "detgate-gateway") -> None:
+        from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -44,12 +47,11 @@ class Tracing:
         if not traces.endswith("/v1/traces"):  # a collector's base URL, as OTEL_EXPORTER_OTLP_ENDPOINT takes it
             traces += "/v1/traces"
         self.provider = TracerProvider(resource=Resource.create({"service.name": service}))
-        self.provider.add_span_processor(BatchSpanProcessor(exporter or OTLPSpanExporter(endpoint=traces),
+        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces),
                                                             schedule_delay_millis=1000))
         self.tracer = self.provider.get_tracer("detgate")
         self.propagator = TraceContextTextMapPropagator()
-        from opentelemetry import trace
-        self._trace = trace
+        self.in_context = trace.set_span_in_context
 
     def shutdown(self) -> None:
         """Flush what is still queued, then stop exporting."""
@@ -157,8 +159,6 @@ def upstream_attempt(upstream: Any, path: str, data: bytes) -> Any:
         return None
     from opentelemetry.trace import SpanKind
 
-    import orjson
-
     operation = OPERATIONS.get(path, "chat")
     try:
         model = orjson.loads(data).get("model")
@@ -180,7 +180,7 @@ def inject(started: Any, headers: dict[str, str]) -> dict[str, str]:
         return headers
     tracing = CURRENT.get()
     if tracing is not None:
-        tracing.propagator.inject(headers, context=tracing._trace.set_span_in_context(started))
+        tracing.propagator.inject(headers, context=tracing.in_context(started))
     return headers
 
 

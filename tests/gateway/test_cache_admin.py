@@ -64,7 +64,10 @@ def test_list_filters_and_show_what_filled_an_entry(gw):
     assert origin["key_fields"]["route"] == "chat.completions" and origin["key_fields"]["strategy"] == "single"
     assert origin["request"]["preview"].startswith("question ") and origin["request"]["texts"] == 1
     assert shown["record"]["body"]["choices"][0]["message"]["content"] and shown["record"]["finish"] == "stop"
-    assert shown["fingerprint"] == shown["record"]["body"].get("system_fingerprint") and len(shown["seal"]) == 64
+    assert shown["fingerprint"] == shown["record"]["body"]["system_fingerprint"] and len(shown["seal"]) == 64
+    by_build = get(gw.url, f"/detgate/cache?fingerprint={shown['fingerprint']}", AUTH).json()["entries"]
+    assert len(by_build) == 5   # the fake provider's one build
+    assert get(gw.url, "/detgate/cache?fingerprint=fp_other", AUTH).json()["entries"] == []
 
 
 def test_delete_one_then_by_filter_with_counts_in_answer_and_metrics(gw, upstream):
