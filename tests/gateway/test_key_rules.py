@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import copy
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
+
+from gateway.apis import SURFACES
 
 from gateway.config import Settings
 from gateway.policy.canonical import OrderedObject, canonical_json
@@ -96,3 +101,46 @@ def test_a_bad_rule_refuses_to_start(rule, error):
 def test_rule_names_are_unique():
     with pytest.raises(ValidationError, match="unique"):
         Settings.model_validate({"key_rules": [{"name": "x", "path": "a"}, {"name": "x", "path": "b"}]})
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=10,
+)
+rules = st.lists(st.one_of(
+    st.builds(lambda p: KeyRule(name="p", path=p), st.sampled_from(["a", "*", "**.b", "a[*]", "$.a.b", "x[0]"])),
+    st.builds(lambda p, r: KeyRule(name="t", pattern=p, replace=r), st.sampled_from([r"\d", "a+", "^b"]),
+              st.sampled_from(["", "<n>", r"\g<0>!"])),
+), max_size=3, unique_by=lambda rule: (rule.path, rule.pattern, rule.replace))
+
+
+@settings(max_examples=150, deadline=None)
+@given(json_values, rules)
+def test_rules_never_mutate_and_report_exactly_what_changed(value, chosen):
+    for i, rule in enumerate(chosen):
+        chosen[i] = rule.model_copy(update={"name": f"r{i}"})
+    before = copy.deepcopy(value)
+    out, fired = apply(value, tuple(chosen))
+    assert value == before
+    assert bool(fired) == (out != value)  # a rule fires only when it changed something
+    orjson.dumps(out)
+    for rule in fired:  # each fired rule alone changes the value too
+        assert apply(value, (rule,))[0] != value
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["message", "function_call_output", "custom_tool_call_output",
+                                           "additional_tools", "reasoning", "item_reference"]),
+                          st.text(min_size=1, max_size=12)), min_size=1, max_size=5),
+       json_values)
+def test_client_ids_and_metadata_are_sent_as_they_came_and_never_keyed(items, metadata):
+    body = {"model": "m", "client_metadata": metadata, "input": [
+        {"type": kind, "id": ident, "role": "user", "call_id": "c", "output": "o", "content": "x"}
+        for kind, ident in items]}
+    canonical = SURFACES["responses"].canonical(body, True)
+    assert canonical.sent["client_metadata"] == metadata and "client_metadata" not in canonical.key
+    assert [item["id"] for item in canonical.sent["input"]] == [ident for _, ident in items]
+    # Only the ids that name upstream state (a reasoning item, an item reference) are keyed.
+    assert [item.get("id") for item in canonical.key["input"]] == [
+        ident if kind in ("reasoning", "item_reference") else None for kind, ident in items]
