@@ -182,6 +182,8 @@ class FakeUpstream:
         usual = "tool_calls" if kind == "tools" else "stop"
         found = [self._choice(i, usual, kind=kind, tools=tools, logprobs=top) for i in range(body.get("n") or 1)]
         head = self._head("chatcmpl", "chat.completion", body["model"])
+        if "service_tier" in body:  # the tier that answered, as OpenAI reports it in the body and every chunk
+            head["service_tier"] = body["service_tier"] if body["service_tier"] != "auto" else "default"
         usage = self._usage(" ".join(c.text for c in found))
         if not body.get("stream"):
             return await self._whole(request, self._body(head, [answers.chat_message(self.rng, c) for c in found], usage))

@@ -96,3 +96,18 @@ def test_an_unfinished_answer_is_passed_on_in_the_shape_and_with_the_fields_each
     assert names[0] == "response.created" and names[-1] == "response.failed"
     assert {r["metadata"]["request_id"] for r in frames_with_response(stream.http_response.read())} == {"r-1"}
     assert got["body"].parse().status == "failed" and got["body"].parse().metadata["request_id"] == "r-0"
+
+
+def test_a_chat_completion_shows_each_reader_the_tier_it_asked_for(upstream, claude, gateway, redis_url):
+    """Chat completions repeat one request field, `service_tier`, in the body and every chunk."""
+    fake, _ = upstream
+    gw = start(gateway, upstream, claude, redis_url, shared_cache_tenants=["alice", "bob"])
+    ask = {"model": "fake/m1", "messages": [{"role": "user", "content": "Hello."}]}
+    hers = openai_as(gw, "alice").chat.completions.create(**ask, service_tier="flex")
+    assert hers.service_tier == "flex"
+    bob = openai_as(gw, "bob")
+    his = bob.chat.completions.with_raw_response.create(**ask)
+    assert his.headers["x-detgate-cache"] == "hit" and his.parse().service_tier == "default"
+    chunks = list(bob.chat.completions.create(**ask, service_tier="priority", stream=True))
+    assert {chunk.service_tier for chunk in chunks} == {"priority"} and len(fake.calls) == 1
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == his.parse().choices[0].message.content
