@@ -25,7 +25,7 @@ from gateway.cache.sessions import (
     tool_outputs,
     unseal,
 )
-from gateway.policy.json_diff import Difference, differences, leaves, shorten, similarity
+from gateway.policy.json_diff import Difference, differences, leaves, shortened, similarity
 from gateway.policy.keys import KeyParts, chained, sign
 from gateway.policy.prepare import Prepared
 
@@ -180,5 +180,6 @@ def explain(found: Found, route: str, sent: Any) -> tuple[str, str | None]:
         return (f"{head}, whose keyed body is the same apart from tool outputs: what differs is outside the body "
                 "(a keyed header such as anthropic-version or anthropic-beta, the upstream, the strategy).", None)
     first = diffs[0]
-    return (f"{head}; the first difference is at {first.path}: recorded {shorten(first.recorded)}, "
-            f"sent {shorten(first.sent)} ({len(diffs)} difference{'s' if len(diffs) > 1 else ''} in all).", first.path)
+    recorded, sent_value = shortened(first)
+    return (f"{head}; the first difference is at {first.path}: recorded {recorded}, sent {sent_value} "
+            f"({len(diffs)} difference{'s' if len(diffs) > 1 else ''} in all).", first.path)

@@ -8,6 +8,7 @@ document.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections import Counter
 from typing import Any, Iterator, NamedTuple
@@ -58,10 +59,6 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def first_difference(recorded: Any, sent: Any) -> Difference | None:
-    return next(differences(recorded, sent), None)
-
-
 def shorten(value: Any, limit: int = SHORT) -> str:
     """A value as JSON, cut to about `limit` characters with how long it was."""
     if value is ABSENT:
@@ -70,6 +67,22 @@ def shorten(value: Any, limit: int = SHORT) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def shortened(difference: Difference, limit: int = SHORT) -> tuple[str, str]:
+    """Both values of a difference, shortened; two long texts around the character where
+    they first differ (a 20 KB system prompt that changed one date shows that date)."""
+    recorded, sent = difference.recorded, difference.sent
+    if not (isinstance(recorded, str) and isinstance(sent, str)) or max(len(recorded), len(sent)) <= limit:
+        return shorten(recorded, limit), shorten(sent, limit)
+    start = max(0, len(os.path.commonprefix([recorded, sent])) - limit // 3)
+    return _window(recorded, start, limit), _window(sent, start, limit)
+
+
+def _window(text: str, start: int, limit: int) -> str:
+    part = orjson.dumps(text[start:start + limit]).decode()
+    cut = f"{'...' if start else ''}{part}{'...' if start + limit < len(text) else ''}"
+    return f"{cut} ({len(text)} characters{f', from character {start}' if start else ''})"
 
 
 def _leaves(value: Any, path: str = "") -> Iterator[tuple[str, bytes]]:

@@ -12,6 +12,7 @@ from gateway.cache.redis_store import RedisStore
 from gateway.cache.session_store import MemorySessions, RedisSessions
 from gateway.cache.sessions import masked, session_name, session_tag, tenant_tag, tool_outputs
 from gateway.policy.canonical import canonical_json
+from gateway.policy.json_diff import ABSENT, Difference, shortened
 from gateway.policy.keys import KeyParts, sign
 
 SECRET = b"session-store-secret"
@@ -126,3 +127,12 @@ def test_tool_outputs_on_each_wire_and_the_session_a_request_names():
     assert session_name({"session-id": "codex", "x-detgate-session": "mine"}, codex) == "mine"
     assert session_name({"session-id": "codex"}, codex) == "codex"
     assert session_name({}, codex) == "from-body" and session_name({}, {}) == ""
+
+
+def test_a_long_text_is_shortened_around_where_it_first_differs():
+    recorded = "Rules. " * 2000 + "Today's date is 2026-11-28." + " More." * 500
+    sent = recorded.replace("2026-11-28", "2026-11-29")
+    before, after = shortened(Difference("system[0].text", recorded, sent))
+    assert '2026-11-28' in before and '2026-11-29' in after and before.startswith('..."')
+    assert before.endswith(f"({len(recorded)} characters, from character 14005)")
+    assert shortened(Difference("model", "a", ABSENT)) == ('"a"', "(absent)")
