@@ -3,10 +3,14 @@ start-up log names, per upstream, where its credential comes from and never the 
 real `detgate serve` processes, the official clients, fake providers that record headers."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import anthropic
 import openai
 
 from gateway.config import UpstreamConfig
+from gw_http import REPO
 
 KEY = "sk-test-credential-7f3a"
 
@@ -65,3 +69,11 @@ def test_a_provider_host_gives_the_provider_profile_and_key():
     named = UpstreamConfig(name="b", url="https://api.openai.com/v1", profile="generic-openai-compatible")
     assert named.key_env is None   # a profile given is kept, and a generic one reads no provider's key
     assert UpstreamConfig(name="c", url="http://h/v1", api_key_env="MY_KEY").key({"MY_KEY": "k"}) == "k"
+
+
+def test_serve_help_names_both_default_upstreams():
+    shown = subprocess.run([sys.executable, "-m", "gateway", "serve", "--help"], cwd=REPO, capture_output=True,
+                           text=True, timeout=60, env={"PYTHONPATH": str(REPO), "COLUMNS": "200"}).stdout
+    flat = " ".join(shown.split())
+    assert "openai=https://api.openai.com/v1 with $OPENAI_API_KEY" in flat
+    assert "anthropic=https://api.anthropic.com/v1 with $ANTHROPIC_API_KEY for /v1/messages" in flat
