@@ -1,0 +1,72 @@
+"""The openai clients, Python and Node, on chat completions and Responses, plain and streamed,
+with and without a tool: a first call misses, the same call again hits with what the app saw."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from matrix import OPENAI_MODEL, SEARCH_DESCRIPTION, SEARCH_SCHEMA, node, twice
+
+SURFACES = ("chat", "responses")
+MODES = [(stream, tool) for stream in (False, True) for tool in (False, True)]
+CHAT_TOOL = {"type": "function", "function": {"name": "search", "description": SEARCH_DESCRIPTION,
+                                               "parameters": SEARCH_SCHEMA}}
+RESPONSES_TOOL = {"type": "function", "name": "search", "description": SEARCH_DESCRIPTION,
+                  "parameters": SEARCH_SCHEMA, "strict": True}
+
+
+def _prompt(client: str, surface: str, stream: bool, tool: bool) -> str:
+    # Every cell asks its own question, so no cell hits another's entry.
+    return f"{client} {surface} stream={stream} tool={tool}: find the install guide."
+
+
+def _python(base: str, surface: str, stream: bool, tool: bool) -> dict:
+    api = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    prompt = _prompt("openai-python", surface, stream, tool)
+    if surface == "chat":
+        extra = {"tools": [CHAT_TOOL], "tool_choice": "required"} if tool else {}
+        messages = [{"role": "user", "content": prompt}]
+        if not stream:
+            message = api.chat.completions.create(model=OPENAI_MODEL, messages=messages, **extra).choices[0].message
+            calls = [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or ()]
+            return {"text": message.content, "tool_calls": calls}
+        text, calls = "", {}
+        for chunk in api.chat.completions.create(model=OPENAI_MODEL, messages=messages, stream=True, **extra):
+            delta = chunk.choices[0].delta if chunk.choices else None
+            text += (delta and delta.content) or ""
+            for c in (delta and delta.tool_calls) or ():
+                id_, name, args = calls.get(c.index, ("", "", ""))
+                calls[c.index] = (id_ + (c.id or ""), name + (c.function.name or ""), args + (c.function.arguments or ""))
+        return {"text": text, "tool_calls": list(calls.values())}
+    extra = {"tools": [RESPONSES_TOOL]} if tool else {}
+    if stream:
+        with api.responses.stream(model=OPENAI_MODEL, input=prompt, **extra) as events:
+            text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+            response = events.get_final_response()
+    else:
+        response = api.responses.create(model=OPENAI_MODEL, input=prompt, **extra)
+        text = response.output_text
+    calls = [(i.call_id, i.name, i.arguments) for i in response.output if i.type == "function_call"]
+    return {"text": text, "tool_calls": calls, "id": response.id}
+
+
+@pytest.mark.parametrize("stream,tool", MODES)
+@pytest.mark.parametrize("surface", SURFACES)
+def test_openai_python(gw, surface, stream, tool):
+    first, _ = twice(gw, lambda: _python(gw.url, surface, stream, tool))
+    assert bool(first.result["tool_calls"]) == tool
+
+
+@pytest.mark.parametrize("stream,tool", MODES)
+@pytest.mark.parametrize("surface", SURFACES)
+def test_openai_node(gw, node_clients, surface, stream, tool):
+    ask = {"base": gw.url, "surface": surface, "model": OPENAI_MODEL, "stream": stream, "tool": tool,
+           "prompt": _prompt("openai-node", surface, stream, tool)}
+
+    def call() -> dict:
+        out = node("openai_node.mjs", ask)
+        out.pop("cache")  # the gateway's notes check it; the app's view is the rest
+        return out
+
+    first, _ = twice(gw, call)
+    assert bool(first.result["tool_calls"]) == tool
