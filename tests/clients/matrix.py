@@ -21,7 +21,7 @@ from gateway.config import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "sdk-matrix-secret-0123456789"
-OPENAI_MODEL = "fake/m1"
+OPENAI_MODEL = "gpt-4.1"  # a name the clients know (litellm fakes a Responses stream for names it does not)
 CLAUDE_MODEL = "claude-sonnet-4-6"  # takes temperature or top_p, never both (the fake checks, as the API does)
 # The fake chat provider calls a tool with {"query": <text>, "limit": <int>}; the others fill any schema.
 SEARCH_SCHEMA = {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
@@ -123,11 +123,14 @@ class Gateway:
         return Run(result, requests, outcomes, self.upstream_calls() - calls)
 
 
-def twice(gw: Gateway, call: Callable[[], Any]) -> tuple[Run, Run]:
+def twice(gw: Gateway, call: Callable[[], Any], stream: bool) -> tuple[Run, Run]:
     """The same client call twice: the first misses (every request it makes goes upstream),
-    the second hits (none does) and the app sees exactly what it saw the first time."""
+    the second hits (none does) and the app sees exactly what it saw the first time. `stream`:
+    whether the client asked for a stream (checked: a client could quietly not)."""
     first, second = gw.run(call), gw.run(call)
     assert first.requests, "the client sent the gateway no request"
+    sent = [orjson.loads(r.body).get("stream") is True for r in first.requests]
+    assert sent == [stream] * len(first.requests), [orjson.loads(r.body) for r in first.requests]
     assert all(r.status == 200 for r in first.requests + second.requests), \
         [(r.path, r.status) for r in first.requests + second.requests]
     assert [r.cache for r in first.requests] == ["miss"] * len(first.requests), [r.cache for r in first.requests]

@@ -30,5 +30,5 @@ def _messages(base: str, stream: bool, tool: bool) -> dict:
 @pytest.mark.parametrize("tool", [False, True])
 @pytest.mark.parametrize("stream", [False, True])
 def test_anthropic_python(gw, stream, tool):
-    first, _ = twice(gw, lambda: _messages(gw.url, stream, tool))
+    first, _ = twice(gw, lambda: _messages(gw.url, stream, tool), stream)
     assert bool(first.result["tool_calls"]) == tool

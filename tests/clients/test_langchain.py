@@ -39,5 +39,5 @@ def _ask(base: str, surface: str, stream: bool, tool: bool) -> dict:
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("surface", SURFACES)
 def test_langchain(gw, surface, stream, tool):
-    first, _ = twice(gw, lambda: _ask(gw.url, surface, stream, tool))
+    first, _ = twice(gw, lambda: _ask(gw.url, surface, stream, tool), stream)
     assert bool(first.result["tool_calls"]) == tool

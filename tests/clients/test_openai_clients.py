@@ -53,7 +53,7 @@ def _python(base: str, surface: str, stream: bool, tool: bool) -> dict:
 @pytest.mark.parametrize("stream,tool", MODES)
 @pytest.mark.parametrize("surface", SURFACES)
 def test_openai_python(gw, surface, stream, tool):
-    first, _ = twice(gw, lambda: _python(gw.url, surface, stream, tool))
+    first, _ = twice(gw, lambda: _python(gw.url, surface, stream, tool), stream)
     assert bool(first.result["tool_calls"]) == tool
 
 
@@ -63,10 +63,28 @@ def test_openai_node(gw, node_clients, surface, stream, tool):
     ask = {"base": gw.url, "surface": surface, "model": OPENAI_MODEL, "stream": stream, "tool": tool,
            "prompt": _prompt("openai-node", surface, stream, tool)}
 
+    seen_by_client = []
+
     def call() -> dict:
         out = node("openai_node.mjs", ask)
-        out.pop("cache")  # the gateway's notes check it; the app's view is the rest
+        seen_by_client.append(out.pop("cache"))  # the app's view is the rest
         return out
 
-    first, _ = twice(gw, call)
+    first, _ = twice(gw, call, stream)
+    assert seen_by_client == ["miss", "hit"]
     assert bool(first.result["tool_calls"]) == tool
+
+
+def test_a_miss_is_put_down_to_the_field_that_differed(gw):
+    """The harness itself: when a client's second call misses, the failure names the request
+    field that changed (here the prompt), as a matrix cell that stops holding would."""
+    api = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+    prompts = iter(["harness: first", "harness: second"] * 2)
+
+    def call() -> str:
+        messages = [{"role": "user", "content": next(prompts)}]
+        return api.chat.completions.create(model=OPENAI_MODEL, messages=messages).choices[0].message.content
+
+    with pytest.raises(AssertionError) as failed:
+        twice(gw, call, False)
+    assert 'body $.messages[0].content: "harness: first" -> "harness: second"' in str(failed.value)

@@ -1,0 +1,31 @@
+"""The Vercel AI SDK (`ai` generateText/streamText with @ai-sdk/openai chat and responses models
+and @ai-sdk/anthropic), run by tests/clients/node/vercel_ai.mjs, with and without a tool: a first
+call misses, the same call again hits with the same text and tool calls."""
+from __future__ import annotations
+
+import pytest
+
+from matrix import CLAUDE_MODEL, OPENAI_MODEL, node, twice
+
+PROVIDERS = {"chat": ("openai-chat", OPENAI_MODEL), "responses": ("openai-responses", OPENAI_MODEL),
+             "messages": ("anthropic", CLAUDE_MODEL)}
+
+
+@pytest.mark.parametrize("tool", [False, True])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("surface", list(PROVIDERS))
+def test_vercel_ai(gw, node_clients, surface, stream, tool):
+    provider, model = PROVIDERS[surface]
+    ask = {"base": gw.url, "provider": provider, "model": model, "stream": stream, "tool": tool,
+           "prompt": f"vercel-ai {surface} stream={stream} tool={tool}: find the install guide."}
+
+    seen_by_client = []
+
+    def call() -> dict:
+        out = node("vercel_ai.mjs", ask)
+        seen_by_client.append(out.pop("cache"))  # the app's view is the rest
+        return out
+
+    first, _ = twice(gw, call, stream)
+    assert seen_by_client == ["miss", "hit"]
+    assert bool(first.result["tool_calls"]) == tool
