@@ -106,7 +106,8 @@ class Recordings:
 
     async def same_but_tool_outputs(self, asking: Asking) -> tuple[Turn, list[str]] | None:
         """The turn recorded for this conversation with other tool outputs, and the paths of
-        the outputs that differ: the one that differs in fewest, the latest of those. Only a
+        the outputs that differ: the one that differs in fewest, then whose outputs share
+        the most words with these, then the latest. Only a
         turn sealed with this masked key counts: recorded for this tenant, upstream, model,
         strategy and keyed headers, whatever an index entry says."""
         parts = asking.parts
@@ -121,10 +122,11 @@ class Recordings:
             turn = None if value is None else unseal(self.secret, tenant, session, value)
             if turn is None or turn.masked != masked_as or turn.key != key:
                 continue
-            changed = changed_outputs(parts.route, turn.document(), sent)
-            if best is None or (len(changed), -turn.at_ms) < (len(best[1]), -best[0].at_ms):
-                best = (turn, changed)
-        return best
+            changed, shared = changed_outputs(parts.route, turn.document(), sent)
+            rank = (len(changed), -shared, -turn.at_ms)
+            if best is None or rank < best[0]:
+                best = (rank, turn, changed)
+        return None if best is None else best[1:]
 
     async def nearest(self, asking: Asking) -> Found | None:
         """The recorded turn nearest this request: in its own session where that was

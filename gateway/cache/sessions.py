@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -100,12 +101,24 @@ def masked_key(secret: bytes, parts: KeyParts, masked_form: bytes) -> str:
                                  parts.strategy, masked_form, parts.headers))
 
 
-def changed_outputs(route: str, recorded: Any, sent: Any) -> list[str]:
+def changed_outputs(route: str, recorded: Any, sent: Any) -> tuple[list[str], int]:
     """The paths of the tool outputs a request changed against a recording of the same
-    conversation (whose tool outputs sit at the same paths)."""
+    conversation (whose tool outputs sit at the same paths), and how many words those
+    outputs still share: of two recordings that differ in as many outputs, the one whose
+    outputs differ only in a timestamp is nearer than one that listed other files."""
     before = {path: holder[name] for path, holder, name in tool_outputs(route, recorded)}
-    return [path for path, holder, name in tool_outputs(route, sent)
-            if path not in before or orjson.dumps(before[path]) != orjson.dumps(holder[name])]
+    changed, shared = [], 0
+    for path, holder, name in tool_outputs(route, sent):
+        was, now = before.get(path), holder[name]
+        if path not in before or orjson.dumps(was) != orjson.dumps(now):
+            changed.append(path)
+            shared += sum((_words(was) & _words(now)).values())
+    return changed, shared
+
+
+def _words(value: Any) -> Counter:
+    text = value if isinstance(value, str) else orjson.dumps(value).decode().replace("\\n", " ")
+    return Counter(text.split())
 
 
 def _digest(secret: bytes, domain: bytes, *texts: str) -> str:

@@ -66,6 +66,16 @@ async def test_a_turn_is_found_by_its_tool_outputs_masked_and_kept_once(recordin
     assert await recordings.store.sessions(tenant) == {session_tag(SECRET, tenant, "run-1"): "run-1"}
 
 
+async def test_of_two_recordings_the_one_whose_outputs_are_nearer_answers(recordings):
+    """Two workspaces, one prompt: the agent listed other files in each. A replay whose
+    listing differs from the first only in its timestamps is the first, though recorded earlier."""
+    for session, listing in (("ws-a", "a.txt b.txt 13:56"), ("ws-b", "c.txt d.txt 13:57")):
+        request = asking(conversation(listing), session=session)
+        await recordings.record(request, key_of(request))
+    turn, changed = await recordings.same_but_tool_outputs(asking(conversation("a.txt b.txt 09:12"), session="ci"))
+    assert (turn.session, changed) == ("ws-a", ["messages[2].content[0].content"])
+
+
 async def test_a_turn_serves_only_its_own_tenant_and_request(recordings):
     request = asking(conversation("a"))
     await recordings.record(request, key_of(request))
