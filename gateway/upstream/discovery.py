@@ -34,6 +34,8 @@ from gateway.upstream.wires import credential_headers
 log = logging.getLogger("detgate")
 
 TIMEOUT_S = 3.0
+# Names the probe in the upstream's logs (and lets an upstream's tests tell it from proxied calls).
+USER_AGENT = "detgate-discovery"
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 30.0
 SILENT = object()   # what _ask returns for an upstream that did not answer
@@ -54,7 +56,7 @@ async def _ask(session: aiohttp.ClientSession, upstream: UpstreamConfig):
     """The profile the upstream announces, None when it answers without one, SILENT when it
     does not answer."""
     # Asked as an OpenAI-compatible server is: only an upstream without a profile is asked.
-    headers = dict(credential_headers("openai", upstream.key()))
+    headers = {**dict(credential_headers("openai", upstream.key())), "User-Agent": USER_AGENT}
     try:
         async with session.get(upstream.url + "/models", headers=headers,
                                timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as resp:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from gateway.upstream.discovery import USER_AGENT
+
 from fakes.openai_upstream import FakeUpstream
 
 ACCOUNT_HEADERS = ("Authorization", "OpenAI-Organization", "OpenAI-Project")
@@ -32,7 +34,8 @@ class Seen:
 @dataclass
 class AccountUpstream:
     chat: FakeUpstream = field(default_factory=FakeUpstream)
-    seen: list[Seen] = field(default_factory=list)
+    seen: list[Seen] = field(default_factory=list)  # what the gateway sent on clients' behalf
+    probes: list[Seen] = field(default_factory=list)  # the gateway's own discovery requests
     files: dict[str, tuple[tuple[str | None, ...], dict, bytes]] = field(default_factory=dict)  # id -> (account, file, data)
     answer_headers: dict[str, str] = field(default_factory=dict)  # the last answer's own headers
 
@@ -49,7 +52,8 @@ class AccountUpstream:
 
     @web.middleware
     async def _record(self, request: web.Request, handler) -> web.StreamResponse:
-        self.seen.append(Seen(request.method, request.raw_path, {k.lower(): v for k, v in request.headers.items()}))
+        seen = Seen(request.method, request.raw_path, {k.lower(): v for k, v in request.headers.items()})
+        (self.probes if seen.headers.get("user-agent") == USER_AGENT else self.seen).append(seen)
         return await handler(request)
 
     async def _stamp(self, request: web.Request, response: web.StreamResponse) -> None:
