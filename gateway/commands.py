@@ -192,6 +192,8 @@ async def _diff(args: argparse.Namespace, settings) -> int:
         return refuse(f"the gateway would refuse this request ({exc.status}): {exc.message}")
     except (ValueError, orjson.JSONDecodeError) as exc:
         return refuse(str(exc))
+    except RecursionError:
+        return refuse("the request is nested deeper than the comparison walks")
     except StoreError as exc:
         return refuse(f"the store failed: {exc}")
     finally:

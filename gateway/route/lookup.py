@@ -96,12 +96,13 @@ async def _replay(request: web.Request, key: str, call: Call, asking: Asking | N
             warn(headers, replay_warning(turn, changed))
             return entry
         near = await recordings.nearest(asking)
+        explained = () if near is None else explain(near, asking.parts.route, asking.document())
+    except RecursionError:  # JSON nested deeper than the comparison walks: told without a nearest
+        explained = ()
     except StoreError:
         request.app[METRICS].cache_errors.labels("get").inc()
         raise replay_unavailable(headers) from None
-    if near is None:
-        raise replay_miss(key, call.body, headers)
-    raise replay_miss(key, call.body, headers, *explain(near, asking.parts.route, asking.document()))
+    raise replay_miss(key, call.body, headers, *explained)
 
 
 def _recordings(request: web.Request) -> Recordings:
