@@ -99,7 +99,7 @@ class FakeAgentUpstream:
     async def _sse(self, request: web.Request, events: list[tuple[str, dict]]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        pause = self.pace_s / max(len(events), 1)  # a slow model: its events spread evenly over pace_s
+        pause = self.pace_s / max(len(events) - 1, 1)  # a slow model: its events spread evenly over pace_s
         for n, (name, data) in enumerate(events):
             if n and pause:
                 await asyncio.sleep(pause)
