@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -76,6 +77,8 @@ def test_second_run_replays_from_the_golden_file(agent, agent_clis, fake_agent, 
 
 
 def test_claude_code_replays_a_day_later(agent_clis, fake_agent, gateway, tmp_path):
+    if shutil.which("faketime") is None:
+        pytest.fail("faketime is not installed: run scripts/setup.sh (make test does)")
     fake, upstream = fake_agent
     answer, files, recorded = _record(CLAUDE, fake, upstream, gateway, tmp_path / "ws")
 
