@@ -6,7 +6,7 @@ checks, nothing but the base URL it is pointed at.
 """
 from __future__ import annotations
 
-import os
+import json
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -31,7 +31,6 @@ def installed() -> bool:
         manifest = PREFIX / "node_modules" / package / "package.json"
         if not manifest.exists():
             return None
-        import json
         return json.loads(manifest.read_text()).get("version")
     return all(version(p) == v for p, v in PACKAGES.items()) and CLAUDE.exists() and CODEX.exists()
 

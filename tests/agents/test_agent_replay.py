@@ -12,7 +12,6 @@ import subprocess
 import sys
 import urllib.request
 
-import orjson
 import pytest
 import redis
 
