@@ -58,7 +58,7 @@ from gateway.cache.entry import (
 )
 from gateway.cache.session_store import SessionStore
 from gateway.cache.sessions import MAC_LEN as TURN_MAC_LEN
-from gateway.cache.sessions import Turn, turn_mac
+from gateway.cache.sessions import Turn, turn_mac, verify_turn
 from gateway.cache.store import Store
 from gateway.policy.keys import KEY_PREFIX, entry_mac, verify_entry
 
@@ -167,7 +167,7 @@ def import_value(record: dict, secret: bytes, reseal: bool) -> tuple[str, bytes,
 def turn_line(tenant: str, session: str, value: bytes, secret: bytes) -> tuple[tuple, bytes] | str:
     """(its sort key, the JSONL line) for a stored turn, or why it is not exported."""
     mac, raw = value[:TURN_MAC_LEN], value[TURN_MAC_LEN:]
-    if mac.decode("ascii", "replace") != turn_mac(secret, tenant, session, raw):
+    if not verify_turn(secret, tenant, session, raw, mac):
         return FOREIGN
     try:
         turn = Turn.decode(raw)
@@ -190,7 +190,7 @@ def import_turn(record: dict, secret: bytes, reseal: bool) -> tuple[str, str, Tu
     turn = Turn.decode(raw)
     if reseal:
         mac = turn_mac(secret, tenant, session, raw)
-    elif not isinstance(mac, str) or mac != turn_mac(secret, tenant, session, raw):
+    elif not verify_turn(secret, tenant, session, raw, mac):
         raise ValueError(f"turn {turn.n} of session {session} fails its MAC check under this secret (exported "
                          f"under another secret, or edited; --reseal trusts the file)")
     return tenant, session, turn, mac.encode() + raw

@@ -178,12 +178,19 @@ def seal(secret: bytes, tenant: str, session: str, turn: Turn) -> bytes:
     return turn_mac(secret, tenant, session, raw).encode() + raw
 
 
+def verify_turn(secret: bytes, tenant: str, session: str, raw: bytes, mac: str | bytes) -> bool:
+    """Whether `mac` seals `raw` for this tenant and session; constant-time, False for any
+    malformed mac."""
+    if isinstance(mac, str):
+        mac = mac.encode("utf-8", "surrogatepass")
+    return isinstance(mac, bytes) and hmac.compare_digest(mac, turn_mac(secret, tenant, session, raw).encode())
+
+
 def unseal(secret: bytes, tenant: str, session: str, value: bytes) -> Turn | None:
     """The turn in a stored value, or None when its MAC fails or it is no turn."""
-    mac, raw = value[:MAC_LEN], value[MAC_LEN:]
-    if not hmac.compare_digest(mac, turn_mac(secret, tenant, session, raw).encode()):
+    if not verify_turn(secret, tenant, session, value[MAC_LEN:], value[:MAC_LEN]):
         return None
     try:
-        return Turn.decode(raw)
+        return Turn.decode(value[MAC_LEN:])
     except ValueError:
         return None
