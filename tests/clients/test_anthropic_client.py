@@ -32,3 +32,28 @@ def _messages(base: str, stream: bool, tool: bool) -> dict:
 def test_anthropic_python(gw, stream, tool):
     first, _ = twice(gw, lambda: _messages(gw.url, stream, tool), stream)
     assert bool(first.result["tool_calls"]) == tool
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_python_tool_loop(gw, stream):
+    """The app runs the tool and sends its result back: the second request holds the first's
+    tool_use block and a tool_result, and hits like the first."""
+    api = anthropic.Anthropic(base_url=gw.url, api_key="unused", max_retries=0)
+    prompt = [{"role": "user", "content": f"anthropic loop stream={stream}: find the install guide."}]
+
+    def ask(**kwargs):
+        if not stream:
+            return api.messages.create(model=CLAUDE_MODEL, max_tokens=64, tools=[TOOL], **kwargs)
+        with api.messages.stream(model=CLAUDE_MODEL, max_tokens=64, tools=[TOOL], **kwargs) as events:
+            return events.get_final_message()
+
+    def call() -> dict:
+        first = ask(messages=prompt, tool_choice={"type": "any"})
+        use = next(b for b in first.content if b.type == "tool_use")
+        result = {"type": "tool_result", "tool_use_id": use.id, "content": f"{use.input['limit']} pages\r\nfound"}
+        second = ask(messages=[*prompt, {"role": "assistant", "content": first.content},
+                               {"role": "user", "content": [result]}])
+        return {"call": (use.id, use.input), "answer": second.content[0].text, "ids": (first.id, second.id)}
+
+    first, _ = twice(gw, call, stream)
+    assert len(first.requests) == 2

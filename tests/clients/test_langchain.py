@@ -7,7 +7,9 @@ import functools
 import operator
 
 import pytest
+from pydantic import BaseModel
 from langchain_anthropic import ChatAnthropic
+from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 
 from matrix import CLAUDE_MODEL, OPENAI_MODEL, SEARCH_DESCRIPTION, SEARCH_SCHEMA, twice
@@ -41,3 +43,41 @@ def _ask(base: str, surface: str, stream: bool, tool: bool) -> dict:
 def test_langchain(gw, surface, stream, tool):
     first, _ = twice(gw, lambda: _ask(gw.url, surface, stream, tool), stream)
     assert bool(first.result["tool_calls"]) == tool
+
+
+class Search(BaseModel):
+    query: str
+    limit: int
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_langchain_structured(gw, stream):
+    """with_structured_output on the Responses API: a strict JSON schema in text.format."""
+    model = ChatOpenAI(model=OPENAI_MODEL, base_url=gw.url + "/v1", api_key="unused", max_retries=0,
+                       use_responses_api=True).with_structured_output(Search, method="json_schema", strict=True)
+    prompt = f"langchain structured stream={stream}: find the install guide."
+
+    def call() -> dict:
+        parsed = list(model.stream(prompt))[-1] if stream else model.invoke(prompt)
+        return parsed.model_dump()
+
+    twice(gw, call, stream)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("surface", SURFACES)
+def test_langchain_tool_loop(gw, surface, stream):
+    """The app runs the tool the model called and sends a ToolMessage back: two requests, both
+    hits the second time."""
+    def call() -> dict:
+        history = [HumanMessage(f"langchain loop {surface} stream={stream}: find the install guide.")]
+        answers = []
+        for model in (_model(gw.url, surface, True), _model(gw.url, surface, False).bind_tools([TOOL])):
+            message = functools.reduce(operator.add, model.stream(history)) if stream else model.invoke(history)
+            answers.append((message.text, [(c["id"], c["name"], c["args"]) for c in message.tool_calls]))
+            history += [message, *(ToolMessage(f"{c['args']['limit']} pages", tool_call_id=c["id"])
+                                   for c in message.tool_calls)]
+        return answers
+
+    first, _ = twice(gw, call, stream)
+    assert len(first.requests) == 2 and first.result[0][1] and first.result[1][0]

@@ -4,6 +4,7 @@ streamed, with and without a tool: a first call misses, the same call again hits
 answer."""
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # it would fetch its price list at import
@@ -55,3 +56,22 @@ def _completion(base: str, surface: str, stream: bool, tool: bool) -> dict:
 def test_litellm(gw, surface, stream, tool):
     first, _ = twice(gw, lambda: _completion(gw.url, surface, stream, tool), stream)
     assert bool(first.result["tool_calls"]) == tool
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_litellm_structured(gw, stream):
+    """responses() with a strict JSON schema in text.format."""
+    form = {"format": {"type": "json_schema", "name": "search", "schema": SEARCH_SCHEMA, "strict": True}}
+    prompt = f"litellm structured stream={stream}: find the install guide."
+    where = {"api_base": gw.url + "/v1", "api_key": "unused", "max_retries": 0}
+
+    def call() -> dict:
+        if stream:
+            events = litellm.responses(model=f"openai/{OPENAI_MODEL}", input=prompt, text=form, stream=True, **where)
+            response = [e.response for e in events if e.type == "response.completed"][0]
+        else:
+            response = litellm.responses(model=f"openai/{OPENAI_MODEL}", input=prompt, text=form, **where)
+        text = "".join(c.text for i in response.output if i.type == "message" for c in i.content if c.type == "output_text")
+        return {"answer": json.loads(text), "id": response.id}
+
+    twice(gw, call, stream)

@@ -9,6 +9,7 @@ import pytest
 from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool,
                     set_tracing_disabled)
 from openai import AsyncOpenAI
+from pydantic import BaseModel
 
 from matrix import OPENAI_MODEL, twice
 
@@ -51,3 +52,27 @@ def _run(base: str, surface: str, stream: bool, tool: bool) -> dict:
 def test_openai_agents(gw, surface, stream, tool):
     first, _ = twice(gw, lambda: _run(gw.url, surface, stream, tool), stream)
     assert bool(first.result["searched"]) == tool and len(first.requests) == (2 if tool else 1)
+
+
+class Search(BaseModel):
+    query: str
+    limit: int
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_agents_structured(gw, stream):
+    """An Agent with an output_type on the Responses model: a strict JSON schema in text.format."""
+    async def go() -> dict:
+        client = AsyncOpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+        agent = Agent(name="librarian", instructions="Answer from the documentation.", output_type=Search,
+                      model=OpenAIResponsesModel(model=OPENAI_MODEL, openai_client=client))
+        prompt = f"openai-agents structured stream={stream}: find the install guide."
+        if stream:
+            result = Runner.run_streamed(agent, prompt)
+            async for _ in result.stream_events():
+                pass
+        else:
+            result = await Runner.run(agent, prompt)
+        return result.final_output.model_dump()
+
+    twice(gw, lambda: asyncio.run(go()), stream)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+from pydantic import BaseModel
 
 from matrix import OPENAI_MODEL, SEARCH_DESCRIPTION, SEARCH_SCHEMA, node, twice
 
@@ -13,6 +14,11 @@ CHAT_TOOL = {"type": "function", "function": {"name": "search", "description": S
                                                "parameters": SEARCH_SCHEMA}}
 RESPONSES_TOOL = {"type": "function", "name": "search", "description": SEARCH_DESCRIPTION,
                   "parameters": SEARCH_SCHEMA, "strict": True}
+
+
+class Search(BaseModel):
+    query: str
+    limit: int
 
 
 def _prompt(client: str, surface: str, stream: bool, tool: bool) -> str:
@@ -55,6 +61,24 @@ def _python(base: str, surface: str, stream: bool, tool: bool) -> dict:
 def test_openai_python(gw, surface, stream, tool):
     first, _ = twice(gw, lambda: _python(gw.url, surface, stream, tool), stream)
     assert bool(first.result["tool_calls"]) == tool
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_python_structured(gw, stream):
+    """responses.parse / responses.stream with a text_format: a strict JSON schema, which the
+    gateway checks the answer against."""
+    api = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+    prompt = f"openai-python structured stream={stream}: find the install guide."
+
+    def call() -> dict:
+        if stream:
+            with api.responses.stream(model=OPENAI_MODEL, input=prompt, text_format=Search) as events:
+                response = events.get_final_response()
+        else:
+            response = api.responses.parse(model=OPENAI_MODEL, input=prompt, text_format=Search)
+        return {"parsed": response.output_parsed.model_dump(), "id": response.id}
+
+    twice(gw, call, stream)
 
 
 @pytest.mark.parametrize("stream,tool", MODES)

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 from pydantic import BaseModel
-from pydantic_ai import Agent
+from pydantic_ai import Agent, NativeOutput
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.anthropic import AnthropicModel
 from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
@@ -61,3 +61,20 @@ def _run(base: str, surface: str, stream: bool, tool: bool) -> dict:
 def test_pydantic_ai(gw, surface, stream, tool):
     first, _ = twice(gw, lambda: _run(gw.url, surface, stream, tool), stream)
     assert isinstance(first.result["output"], dict) == tool
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_pydantic_ai_structured(gw, stream):
+    """NativeOutput on the Responses model: a strict JSON schema in text.format, not a tool."""
+    agent = Agent(_model(gw.url, "responses"), output_type=NativeOutput(Search), retries=0)
+    prompt = f"pydantic-ai structured stream={stream}: find the install guide."
+
+    async def streamed():
+        async with agent.run_stream(prompt) as run:
+            return await run.get_output()
+
+    def call() -> dict:
+        output = asyncio.run(streamed()) if stream else agent.run_sync(prompt).output
+        return output.model_dump()
+
+    twice(gw, call, stream)
