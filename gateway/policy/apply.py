@@ -145,7 +145,8 @@ def _strategy(surface: Surface, body: dict, profile: Profile, rules: Rules, hint
                            param="x-detgate-schema", code="invalid_header")
         name = None
     schema = _schema(surface, body, rules, name)
-    check = schema is not None or _check_tools(surface, body)
+    offers_tools = _check_tools(surface, body)  # before `or`: a bad tool schema is a 400 beside a response schema too
+    check = schema is not None or offers_tools
     if check and name is None and profile.decodes_strict_schemas and decoder_bound(surface, body):
         check, schema = False, None
         warnings.append(f"no schema check: the {profile.name} upstream decodes under this request's strict schemas")

@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
 import orjson
-from jsonschema import Draft202012Validator
+
+from gateway.strategies.schema_memo import SCHEMAS
 
 JSON_OBJECT = {"type": "object"}
 
@@ -47,12 +47,10 @@ def named_schema(named: Mapping[str, dict], name: str) -> dict:
 
 def schema_problem(schema: Any) -> str | None:
     """Why `schema` is not a valid draft 2020-12 schema, or None. Check it before any
-    upstream call, so a bad schema is the client's 400 and not R failed attempts."""
-    try:
-        Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        return f"{_schema_pointer(exc.absolute_path)}: {exc.message}"
-    return None
+    upstream call, so a bad schema is the client's 400 and not R failed attempts. Each
+    distinct schema is checked once per process (schema_memo), its answer remembered."""
+    error = SCHEMAS.error(schema)
+    return None if error is None else f"{_schema_pointer(error.absolute_path)}: {error.message}"
 
 
 def _json_path(path: Sequence[str | int], root: str = "$") -> str:
@@ -73,7 +71,7 @@ def _schema_pointer(path: Sequence[str | int]) -> str:
 
 def validate(instance: Any, schema: Mapping[str, Any], root: str = "$") -> list[SchemaError]:
     """Every way `instance` fails `schema`, sorted by place in the answer and schema."""
-    validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    validator = SCHEMAS.validator(schema)
     errors = [SchemaError(_json_path(e.absolute_path, root), _schema_pointer(e.absolute_schema_path), e.message)
               for e in validator.iter_errors(instance)]
     return sorted(errors, key=lambda e: (e.path, e.schema_path, e.message))
