@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping
 import orjson
 
 from gateway.cache.session_store import SessionStore
+from gateway.cache.store import StoreError
 from gateway.cache.sessions import (
     UNNAMED,
     Turn,
@@ -61,12 +62,23 @@ def asking(prepared: Prepared, headers: Mapping[str, str], apart: str) -> Asking
     return Asking(prepared.parts, session_name(headers, call.body), call.upstream.name, prepared.model, apart)
 
 
+OWN, FOLLOWED, OTHER = "own", "followed", "other"  # where a nearest turn was found
+
+
 @dataclass(frozen=True)
 class Found:
-    """A recorded turn, with where it was found."""
+    """A recorded turn, with where it was found: the request's own session (the same name
+    recorded), the recorded session its replay run has been answered from, another."""
 
     turn: Turn
-    same_session: bool
+    where: str
+
+    def place(self) -> str:
+        if self.where == OWN:
+            return "its own session"
+        if self.where == FOLLOWED:
+            return f"the recorded session this run follows ({_quoted(self.turn.session)})"
+        return f"session {_quoted(self.turn.session)}"
 
 
 def _quoted(name: str) -> str:
@@ -106,15 +118,18 @@ class Recordings:
 
     async def same_but_tool_outputs(self, asking: Asking) -> tuple[Turn, list[str]] | None:
         """The turn recorded for this conversation with other tool outputs, and the paths of
-        the outputs that differ: the one that differs in fewest, then whose outputs share
-        the most words with these, then the latest. Only a
-        turn sealed with this masked key counts: recorded for this tenant, upstream, model,
-        strategy and keyed headers, whatever an index entry says."""
+        the outputs that differ: one of the recorded session this replay run has been answered
+        from, else the one that differs in fewest outputs, then whose outputs share the most
+        words with these, then the latest. Only a turn sealed with this masked key counts:
+        recorded for this tenant, upstream, model, strategy and keyed headers, whatever an
+        index entry says. The run is then known to follow the turn's session."""
         parts = asking.parts
         form = masked(parts.route, parts.canonical)
         if form is None:
             return None
         tenant = tenant_tag(self.secret, parts.tenant)
+        own = session_tag(self.secret, tenant, asking.session)
+        followed = await self.store.followed(tenant, own) if asking.session != UNNAMED else None
         sent, masked_as = asking.document(), self.masked_key(asking, form)
         best = None
         for session, key in (await self.store.candidates(tenant, masked_as))[:MAX_CANDIDATES]:
@@ -123,18 +138,30 @@ class Recordings:
             if turn is None or turn.masked != masked_as or turn.key != key:
                 continue
             changed, shared = changed_outputs(parts.route, turn.document(), sent)
-            rank = (len(changed), -shared, -turn.at_ms)
+            rank = (session != followed, len(changed), -shared, -turn.at_ms)
             if best is None or rank < best[0]:
-                best = (rank, turn, changed)
-        return None if best is None else best[1:]
+                best = (rank, session, turn, changed)
+        if best is None:
+            return None
+        if asking.session != UNNAMED and best[1] != followed:
+            try:
+                await self.store.follow(tenant, own, best[1])
+            except StoreError:
+                pass  # the turn is found all the same; the run's next miss is compared by similarity
+        return best[2:]
 
     async def nearest(self, asking: Asking) -> Found | None:
         """The recorded turn nearest this request: in its own session where that was
-        recorded, else among the tenant's recordings for the same surface and model."""
+        recorded, or in the recorded session its replay run has been answered from, else
+        among the tenant's recordings for the same surface and model."""
         parts = asking.parts
         tenant = tenant_tag(self.secret, parts.tenant)
-        own = session_tag(self.secret, tenant, asking.session)
         listing = await self.store.sessions(tenant)
+        own, where = None, OTHER
+        if asking.session != UNNAMED:
+            own, where = session_tag(self.secret, tenant, asking.session), OWN
+            if own not in listing:
+                own, where = await self.store.followed(tenant, own), FOLLOWED
         order = ([own] if own in listing else []) + sorted(s for s in listing if s != own)
         sent = leaves(asking.document())
         best, compared = None, 0
@@ -146,10 +173,10 @@ class Recordings:
                 compared += 1
                 score = similarity(leaves(turn.document()), sent)
                 if best is None or (score, turn.at_ms) > (best[0], best[1].turn.at_ms):
-                    best = (score, Found(turn, session == own))
+                    best = (score, Found(turn, where if session == own else OTHER))
                 if compared >= MAX_COMPARED:
                     return best[1]
-            if best is not None and best[1].same_session:
+            if best is not None and best[1].where != OTHER:
                 return best[1]  # the request's own session was recorded: its nearest turn is the one
         return None if best is None else best[1]
 
@@ -175,8 +202,7 @@ def outside_tool_outputs(route: str, recorded: Any, sent: Any) -> list[Differenc
 
 def explain(found: Found, route: str, sent: Any) -> tuple[str, str | None]:
     """(what a replay miss says about its nearest recording, the first path that differs)."""
-    where = "its own session" if found.same_session else f"session {_quoted(found.turn.session)}"
-    head = f"The nearest recording is turn {found.turn.n} of {where}"
+    head = f"The nearest recording is turn {found.turn.n} of {found.place()}"
     diffs = outside_tool_outputs(route, found.turn.document(), sent)
     if not diffs:
         return (f"{head}, whose keyed body is the same apart from tool outputs: what differs is outside the body "

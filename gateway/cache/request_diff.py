@@ -12,7 +12,6 @@ from multidict import CIMultiDict
 from gateway.apis import SURFACES
 from gateway.cache.recordings import Asking, Recordings, asking, outside_tool_outputs
 from gateway.cache.session_store import RedisSessions
-from gateway.cache.sessions import UNNAMED
 from gateway.cache.store import Store
 from gateway.errors import ApiError
 from gateway.ingress.auth import Tenants
@@ -91,10 +90,8 @@ async def _nearest(recordings: Recordings, request: Asking, say: Callable[[str],
             f"{request.model} is near it (requests are kept only by `detgate serve --mode record`)")
         return MISSED
     turn, sent = near.turn, request.document()
-    where = "its own session" if near.same_session else (
-        f"session {turn.session!r}" if turn.session != UNNAMED else "the requests recorded without a session")
     kept = outside_tool_outputs(turn.route, turn.document(), sent)
-    say(f"replay misses it; the nearest recording is turn {turn.n} of {where} (key {turn.key}), "
+    say(f"replay misses it; the nearest recording is turn {turn.n} of {near.place()} (key {turn.key}), "
         f"{len(kept)} difference(s) beyond tool outputs:")
     for difference in kept:
         say("\n".join(full(difference)))

@@ -5,6 +5,7 @@ Per tenant (its tag T, gateway/cache/sessions.py), in Redis:
     detgate:s:{T}        hash  session tag -> session name    (the tenant's sessions)
     detgate:s:{T}:S      hash  entry key -> sealed turn        (one session's turns)
     detgate:m:{T}:M      set   "S entry-key"                   (the turns whose masked key is M)
+    detgate:f:{T}:R      string  session tag, for a day        (the recorded session replayed run R follows)
 
 The tenant's tag in braces is a Redis Cluster hash tag: all of a tenant's sessions share
 one slot, so a turn, its session's listing and its masked-key index are written by one
@@ -57,12 +58,25 @@ class SessionStore(Protocol):
         """Every tenant tag that has sessions (export)."""
         ...
 
+    async def follow(self, tenant: str, session: str, recorded: str) -> None:
+        """Remember, for a day, that a replayed session is being answered from a recorded one."""
+        ...
+
+    async def followed(self, tenant: str, session: str) -> str | None:
+        """The recorded session a replayed session was last answered from."""
+        ...
+
 
 def _names(tenant: str, session: str = "", masked: str = "") -> tuple[str, str, str]:
     return f"detgate:s:{{{tenant}}}", f"detgate:s:{{{tenant}}}:{session}", f"detgate:m:{{{tenant}}}:{masked}"
 
 
 _SESSIONS_PREFIX = "detgate:s:{"
+FOLLOW_S = 86400  # a replay run is over long before this
+
+
+def _follow_name(tenant: str, session: str) -> str:
+    return f"detgate:f:{{{tenant}}}:{session}"
 
 # KEYS: sessions, session[, index]. ARGV: session tag, name, entry key, sealed turn.
 _ADD = """
@@ -159,13 +173,30 @@ class RedisSessions:
             raise StoreError.of("redis scan", exc) from exc
 
 
+    async def follow(self, tenant: str, session: str, recorded: str) -> None:
+        try:
+            await self._redis.set(_follow_name(tenant, session), recorded, ex=FOLLOW_S)
+        except RedisError as exc:
+            raise StoreError.of("redis session follow", exc) from exc
+
+    async def followed(self, tenant: str, session: str) -> str | None:
+        try:
+            found = await self._redis.get(_follow_name(tenant, session))
+        except RedisError as exc:
+            raise StoreError.of("redis session follow", exc) from exc
+        return None if found is None else found.decode()
+
+
 class MemorySessions:
     """In-process, for the embedded store; bounded by bytes: once full, new turns are not
     recorded (and the answer says so), rather than dropping turns of recorded sessions."""
 
+    MAX_FOLLOWED = 4096  # replay runs remembered, oldest dropped first
+
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.nbytes = 0
+        self._followed: dict[tuple[str, str], str] = {}
         self._sessions: dict[str, dict[str, str]] = {}
         self._turns: dict[tuple[str, str], dict[str, bytes]] = {}
         self._index: dict[tuple[str, str], set[tuple[str, str]]] = {}
@@ -213,3 +244,12 @@ class MemorySessions:
     async def tenants(self) -> AsyncIterator[str]:
         for tenant in list(self._sessions):
             yield tenant
+
+    async def follow(self, tenant: str, session: str, recorded: str) -> None:
+        self._followed.pop((tenant, session), None)
+        if len(self._followed) >= self.MAX_FOLLOWED:
+            del self._followed[next(iter(self._followed))]
+        self._followed[(tenant, session)] = recorded
+
+    async def followed(self, tenant: str, session: str) -> str | None:
+        return self._followed.get((tenant, session))

@@ -76,6 +76,23 @@ async def test_of_two_recordings_the_one_whose_outputs_are_nearer_answers(record
     assert (turn.session, changed) == ("ws-a", ["messages[2].content[0].content"])
 
 
+async def test_a_replay_run_keeps_to_the_recorded_session_it_follows(recordings):
+    for session, listing in (("ws-a", "a.txt 13:56"), ("ws-b", "b.txt 13:57")):
+        for doc in (conversation(listing), conversation(listing, "x")):
+            request = asking(doc, session=session)
+            await recordings.record(request, key_of(request))
+    turn, _ = await recordings.same_but_tool_outputs(asking(conversation("a.txt 09:12"), session="ci"))
+    assert turn.session == "ws-a"  # its listing is nearer: the run "ci" follows ws-a from here on
+    # Outputs nearer ws-b's: a run that follows ws-a keeps to it, another run goes by the words.
+    turn, _ = await recordings.same_but_tool_outputs(asking(conversation("b.txt 09:12", "y"), session="ci"))
+    assert (turn.session, turn.n) == ("ws-a", 1)
+    turn, _ = await recordings.same_but_tool_outputs(asking(conversation("b.txt 09:12", "y"), session="other"))
+    assert (turn.session, turn.n) == ("ws-b", 1)
+    found = await recordings.nearest(asking(conversation("a.txt", "y", prompt="Other."), session="ci"))
+    assert (found.turn.session, found.where) == ("ws-a", "followed")
+    assert found.place() == 'the recorded session this run follows ("ws-a")'
+
+
 async def test_a_turn_serves_only_its_own_tenant_and_request(recordings):
     request = asking(conversation("a"))
     await recordings.record(request, key_of(request))
@@ -96,9 +113,9 @@ async def test_nearest_prefers_the_requests_own_session(recordings):
             await recordings.record(request, key_of(request))
     sent = conversation("a", "b", prompt="List the files.")
     found = await recordings.nearest(asking(sent, session="run-2"))
-    assert (found.turn.session, found.turn.n, found.same_session) == ("run-2", 1, True)
+    assert (found.turn.session, found.turn.n, found.where) == ("run-2", 1, "own")
     found = await recordings.nearest(asking(sent, session="run-3"))
-    assert (found.turn.session, found.turn.n, found.same_session) == ("run-1", 1, False)
+    assert (found.turn.session, found.turn.n, found.where) == ("run-1", 1, "other")
 
 
 async def test_an_imported_session_replaces_the_stored_one_and_a_forged_turn_is_ignored(recordings):

@@ -278,3 +278,22 @@ def test_a_chat_completions_tool_loop_replays_with_a_changed_tool_message(upstre
     assert [r.headers["x-detgate-cache"] for r in replayed] == ["hit", "hit"]
     assert replayed[1].http_response.content == recorded[1].http_response.content
     assert replayed[1].headers["x-detgate-warnings"].endswith("at messages[2].content")
+
+
+def test_a_replay_run_that_strays_is_told_the_turn_of_the_recording_it_follows(upstream, claude, gateway, redis_url):
+    record, replay = gateways(gateway, upstream, claude, redis_url)
+    tool_loop(sdk(record.url), run="13:56")
+    tool_loop(sdk(record.url), prompt="List the files, then read two.", run="13:57")  # another recording
+    client, headers = sdk(replay.url), {"x-claude-code-session-id": "a-new-run"}
+    messages = [{"role": "user", "content": PROMPT}]
+    for turn in range(2):  # an exact hit, then a session hit (its tool output changed)
+        message = client.messages.create(model=MODEL, max_tokens=64, messages=messages, tools=[SHELL],
+                                         tool_choice={"type": "any"}, extra_headers=headers)
+        messages += [{"role": "assistant", "content": [b.to_dict() for b in message.content]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": message.content[-1].id,
+                                                   "content": f"turn {turn} output 09:12"}]}]
+    messages[-1]["content"].append({"type": "text", "text": "Also count them."})  # beyond tool outputs
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model=MODEL, max_tokens=64, messages=messages, tools=[SHELL], extra_headers=headers)
+    assert "nearest recording is turn 2 of the recorded session this run follows" in caught.value.message
+    assert "at messages[4].content[1]: recorded (absent)" in caught.value.message
