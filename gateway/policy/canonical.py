@@ -273,6 +273,13 @@ def canonical_json(obj: Any) -> bytes:
     return _dumps(_settle(obj, False, False))
 
 
+def settled_json(key: Any) -> bytes:
+    """`canonical_json` of a `Canonical.key`, also after key rules rewrote its strings or
+    dropped members: that tree is already settled, so it is only written. Settling it again
+    cost ~0.4 ms of every request carrying a coding agent's 80 KB body."""
+    return _dumps(key)
+
+
 def value_json(obj: Any) -> bytes:
     """`canonical_json` for comparing JSON by value (answers in a vote): every integral
     float written as an int, so 1 and 1.0 are one value."""

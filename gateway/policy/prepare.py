@@ -25,7 +25,7 @@ from gateway.ingress.auth import (
 from gateway.ingress.limits import check_message_count
 from gateway.policy.apply import Hints, apply_policy, text_rules
 from gateway.policy import key_rules
-from gateway.policy.canonical import CanonicalError, canonical_json, text_warning
+from gateway.policy.canonical import CanonicalError, canonical_json, settled_json, text_warning
 from gateway.policy.key_rules import KeyRule
 from gateway.policy.keys import KeyParts, sign
 from gateway.policy.routing import route as pick_upstream
@@ -87,7 +87,7 @@ def prepare(surface: Surface, raw: bytes, asked: Asked, settings: Settings, tena
         try:
             canonical = surface.canonical(sent, text)
             tree, fired_here = key_rules.apply(canonical.key, applicable)
-            signed = canonical_json(tree)
+            signed = settled_json(tree)
         except CanonicalError as exc:
             raise ApiError(400, f"The request has no canonical form: {exc}.", param=exc.param, code="invalid_value") from None
         rules = rules or canonical.rules
