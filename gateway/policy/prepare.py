@@ -71,6 +71,15 @@ def prepare(surface: Surface, raw: bytes, asked: Asked, settings: Settings, tena
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
+    try:
+        return _prepare(surface, body, asked, settings, tenants, secret)
+    except RecursionError:
+        # orjson reads up to 1024 levels; the walks over the body (validation, canonical
+        # form, key rules) recurse per level and stop short of that.
+        raise ApiError(400, "The request body nests too deeply for the gateway to read.", code="invalid_json") from None
+
+
+def _prepare(surface: Surface, body, asked: Asked, settings: Settings, tenants: Tenants, secret: bytes) -> Prepared:
     surface.validate(body)
     check_message_count(surface.message_count(body), settings.max_messages)
     tenant = authenticate(asked.credentials, tenants, settings.passthrough_auth)

@@ -33,6 +33,15 @@ def test_unparseable_bodies(upstream, gateway):
     assert_openai_error(post(gw.url, "/v1/embeddings", {"model": "fake/m1", "input": {"a": 1}}), 400, param="input")
 
 
+def test_a_body_nested_deeper_than_the_gateway_walks_is_a_400(upstream, gateway):
+    fake, _ = upstream
+    deep = b'{"a":' * 1000 + b"1" + b"}" * 1000
+    for path, body in (("/v1/chat/completions", b'{"model": "fake/m1", "messages": [{"role": "user", "content": "hi"}], "x": '),
+                       ("/v1/responses", b'{"model": "fake/m1", "input": "hi", "x": ')):
+        assert_openai_error(post(gateway().url, path, body + deep + b"}"), 400, code="invalid_json")
+    assert fake.calls == []
+
+
 @pytest.mark.parametrize("raw", [
     b'{"model": "fake/m1", "messages": [{"role": "user", "content": "\\ud800"}]}',
     b'{"model": "fake/m1", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
