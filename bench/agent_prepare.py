@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from fakes.loopback import free_port  # noqa: E402  (test tooling, found via the path above)
 from gateway_bench import cpu_seconds, wait_http  # noqa: E402
+from gateway.policy.prepare import PreparedMemo  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 FIXTURES = REPO / "tests" / "agents" / "fixtures"
@@ -159,7 +160,9 @@ def main() -> None:
         f"{args.prepares} --out {args.out}` on {os.cpu_count()} CPUs ({platform.platform()}): sequential hits over "
         f"one keep-alive connection to a gateway with the in-process store; `prepare` timed alone in the bench "
         f"process. Bodies: the last POST of a real Claude Code and Codex run (tests/agents/fixtures), beside a small "
-        f"chat body.\n\n{table}\n")
+        f"chat body. A body of at most {PreparedMemo.MAX_BODY // 1024} KB repeated byte for byte is answered from "
+        f"the prepared-request memo, so the chat and Codex hits skip `prepare`; the Claude Code body is larger and "
+        f"is prepared on every hit, as every new turn of an agent is.\n\n{table}\n")
 
 
 if __name__ == "__main__":

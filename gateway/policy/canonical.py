@@ -98,6 +98,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -224,8 +225,10 @@ def canonicalize(body: Any, fields: Fields, text: bool = True, unkeyed: frozense
         else:
             keyed[name] = value
     tree = known(keyed, fields, trace)
-    key = _settle(tree, False, False)
-    sent = _settle(tree, False, False, keyed=False) if trace.unkeyed else key
+    if trace.unkeyed:
+        key, sent = _settle_both(tree, False)
+    else:
+        key = sent = _settle(tree, False, False)
     return Canonical(key, {**sent, **forwarded}, tuple(trace))
 
 
@@ -517,13 +520,8 @@ def _settle(value: Any, ordered: bool, by_value: bool, keyed: bool = True) -> An
         return value
     if isinstance(value, dict):
         ordered = ordered or isinstance(value, OrderedObject)
-        names = list(value)
-        if not all(type(name) is str for name in names):
-            raise CanonicalError("object keys must be strings")
-        if not ordered:
-            names.sort()
         out = {}
-        for name in names:
+        for name in _names(value, ordered):
             member = value[name]
             if isinstance(member, Unkeyed):
                 if keyed:
@@ -543,3 +541,46 @@ def _settle(value: Any, ordered: bool, by_value: bool, keyed: bool = True) -> An
                 raise exc.under(i) from None
         return items
     raise CanonicalError(f"not a JSON value: {kind.__name__}")
+
+
+def _names(obj: dict, ordered: bool) -> list[str]:
+    """An object's member names in the order they are written."""
+    names = list(obj)
+    if not all(type(name) is str for name in names):
+        raise CanonicalError("object keys must be strings")
+    if not ordered:
+        names.sort()
+    return names
+
+
+def _settle_both(value: Any, ordered: bool) -> tuple[Any, Any]:
+    """(the key, what is sent): `_settle` of a tree holding Unkeyed members, keyed and not,
+    in one walk rather than two (each is ~0.3 ms of a coding agent's 80 KB body). The two
+    share every part that holds no Unkeyed member."""
+    if isinstance(value, dict):
+        ordered = ordered or isinstance(value, OrderedObject)
+        key, sent, same = {}, {}, True
+        for name in _names(value, ordered):
+            member = value[name]
+            try:
+                if isinstance(member, Unkeyed):
+                    sent[name], same = _settle(verbatim(member.value), ordered, False, False), False
+                    continue
+                key[name], sent[name] = _settle_both(member, ordered)
+            except CanonicalError as exc:
+                raise exc.under(name) from None
+            same = same and key[name] is sent[name]
+        key = OrderedObject(key) if ordered else key
+        return (key, key) if same else (key, OrderedObject(sent) if ordered else sent)
+    if isinstance(value, (list, tuple)):
+        keys, sents = [], []
+        for i, item in enumerate(value):
+            try:
+                k, s = _settle_both(item, ordered)
+            except CanonicalError as exc:
+                raise exc.under(i) from None
+            keys.append(k)
+            sents.append(s)
+        return (keys, keys) if all(map(operator.is_, keys, sents)) else (keys, sents)
+    settled = _settle(value, ordered, False)
+    return settled, settled

@@ -1,5 +1,6 @@
-"""prepare signs `settled_json` of a canonical key (key rules applied) instead of settling
-it a second time: the bytes must be exactly those `canonical_json` writes."""
+"""Settling a canonical tree once: prepare signs `settled_json` of a canonical key (key
+rules applied) instead of settling it again, and canonicalize settles the key and what is
+sent in one walk; each must give exactly what the separate passes give."""
 from __future__ import annotations
 
 from hypothesis import given, settings
@@ -7,7 +8,7 @@ from hypothesis import strategies as st
 
 from gateway.apis import SURFACES
 from gateway.policy import key_rules
-from gateway.policy.canonical import canonical_json, settled_json
+from gateway.policy.canonical import OrderedObject, Unkeyed, _settle, _settle_both, canonical_json, settled_json
 from gateway.policy.key_rules import KeyRule
 
 json_values = st.recursive(
@@ -49,3 +50,40 @@ def test_a_settled_key_is_written_as_canonical_json_writes_it(surface_body, text
     tree, _ = key_rules.apply(key, tuple(key_rule_set))
     assert settled_json(tree) == canonical_json(tree)
     assert settled_json(key) == canonical_json(key)
+
+
+def _marked(tree):
+    """The tree with some members wrapped as Unkeyed and some objects as OrderedObjects."""
+    if isinstance(tree, dict):
+        out = {k: Unkeyed(v) if k.startswith("u") else _marked(v) for k, v in tree.items()}
+        return OrderedObject(out) if "o" in tree else out
+    if isinstance(tree, list):
+        return [_marked(item) for item in tree]
+    return tree
+
+
+def _shape(value):
+    """A value with the type of each object made visible, for exact comparison."""
+    if isinstance(value, dict):
+        return (type(value).__name__, [(k, _shape(v)) for k, v in value.items()])
+    if isinstance(value, list):
+        return [_shape(item) for item in value]
+    return (type(value).__name__, value)
+
+
+trees = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-2, 2) | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["a", "o", "u", "ub", "z"]), inner,
+                                                                max_size=4),
+    max_leaves=16,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(trees)
+def test_one_walk_gives_the_key_and_what_is_sent_as_two_walks_do(tree):
+    tree = _marked(tree)
+    key, sent = _settle_both(tree, False)
+    assert _shape(key) == _shape(_settle(tree, False, False))
+    assert _shape(sent) == _shape(_settle(tree, False, False, keyed=False))
+    assert canonical_json(key) == settled_json(key)
