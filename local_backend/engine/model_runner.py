@@ -41,6 +41,7 @@ import torch
 import kernels
 from kernels.sampling import row_filters
 from local_backend.engine.messages import Sample
+from local_backend.engine.row_mask import fill_rows
 from local_backend.engine.scheduler import Scheduled
 from local_backend.engine.sequence import PENDING
 from local_backend.engine.step_inputs import StepInputs
@@ -133,7 +134,7 @@ class ModelRunner:
         words = -(-cfg.vocab_size // 32)
         self.masks_host = [torch.full((max_batch, words), -1, dtype=torch.int32, pin_memory=gpu) for _ in range(2)]
         self.masks = torch.full((max_batch, words), -1, dtype=torch.int32, device=self.device)
-        self._slot = self._slot_staging = 0
+        self._slot = 0
         self._in_flight = [False, False]
         self.stream = torch.cuda.current_stream(self.device) if gpu else None   # looked up once: ~30 us a call
         self.forward_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}   # (batch, kv bound)
@@ -236,17 +237,12 @@ class ModelRunner:
         h["top_k"][:n] = [x.top_k for x in p]
         h["top_p"][:n] = [x.top_p for x in p]
         vocab = self.model.cfg.vocab_size
-        masks = [(j, seq) for j, seq in enumerate(sampled) if seq.mask is not None]
-        if masks:
-            host = self.masks_host[self._slot_staging].numpy()
-            host[:n] = -1
-            for j, seq in masks:
-                seq.mask.fill(host[j], len(seq.token_ids) - seq.num_prompt_tokens)
+        masks = [seq.mask for seq in sampled if seq.mask is not None]
         return _Staged(t, s, sampled, max(item.num_tokens for item in scheduled), max(kv_lens),
                        # Known here from the requests' parameters, without a device sync.
                        filtered=any(row_filters(x.temperature, x.top_k, x.top_p, vocab) for x in p),
                        logprobs=any(x.logprobs is not None for x in p), scored=scored, masked=bool(masks),
-                       follows_tokens=any(seq.mask.follows_tokens for _, seq in masks))
+                       follows_tokens=any(mask.follows_tokens for mask in masks))
 
     # ---- the forward pass ----------------------------------------------------------
 
@@ -363,15 +359,11 @@ class ModelRunner:
             raise RuntimeError("two steps are already in flight")
         self._slot = 1 - slot
         self.inputs.use(slot)
-        self._slot_staging = slot
         outputs_host, marks = self.slots[slot]
         staged = self._stage(scheduled)
         self._ahead_rows = {seq: j for j, seq in enumerate(staged.sampled)}
         forward, prefill = self._forward_graph(staged), self._prefill_graph(staged)
         head = None if staged.masked else self._head_graph(staged)   # masked heads run eagerly
-        if staged.masked:
-            n = len(staged.sampled)
-            self.masks[:n].copy_(self.masks_host[slot][:n], non_blocking=True)
         if forward:
             self._pad(staged.seqs, forward[0], staged.tokens, forward[0])
         if prefill:
@@ -394,6 +386,11 @@ class ModelRunner:
             marks[1].record(self.stream)
         if graph is not None and not head:
             launched()
+        if staged.masked:
+            # Filled while the GPU runs the forward pass, which does not need them.
+            n = len(staged.sampled)
+            fill_rows(self.masks_host[slot].numpy(), staged.sampled)
+            self.masks[:n].copy_(self.masks_host[slot][:n], non_blocking=True)
         outputs = ()
         if head:
             head_graph, outputs = self.head_graphs[head]

@@ -5,9 +5,16 @@ else is in the batch.
 """
 from __future__ import annotations
 
+import llguidance
+import llguidance.numpy
 import numpy as np
 
 from local_backend.grammar import Grammars
+
+# From this many grammar rows in a step, their masks are filled on llguidance's thread pool
+# (each row's mask is still its matcher's alone: the pool changes when, not what).
+PARALLEL_ROWS = 8
+_executor: llguidance.LLExecutor | None = None
 from local_backend.sampling_params import SamplingParams
 
 
@@ -26,12 +33,8 @@ class RowMask:
         """The mask depends on the last token drawn (a grammar's), not only on how many were."""
         return self.matcher is not None
 
-    def fill(self, row: np.ndarray, generated: int) -> None:
-        """Write the allowed set (bit t of word t // 32 for token t) into `row`, int32 words."""
-        if self.matcher is not None:
-            self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
-        else:
-            row[:] = -1
+    def ban_eos(self, row: np.ndarray, generated: int) -> None:
+        """Clear the end-of-sequence bits (bit t of word t // 32 for token t) before min_tokens."""
         if generated < self.min_tokens:
             words = row.view(np.uint32)
             for t in self.eos:
@@ -43,3 +46,20 @@ class RowMask:
             return True
         self.matcher.consume_token(token)
         return not self.matcher.is_stopped() and not self.matcher.is_error()
+
+
+def fill_rows(host: np.ndarray, sampled: list) -> None:
+    """The masks of a step's sampled rows into host[:len(sampled)]: every token allowed for a
+    free row, each constrained row's from its RowMask."""
+    global _executor
+    host[:len(sampled)] = -1
+    rows = [(j, seq) for j, seq in enumerate(sampled) if seq.mask is not None]
+    grammar = [(seq.mask.matcher, j) for j, seq in rows if seq.mask.matcher is not None]
+    if len(grammar) >= PARALLEL_ROWS:
+        _executor = _executor or llguidance.LLExecutor()
+        llguidance.numpy.fill_next_token_bitmask_par(_executor, grammar, host[:len(sampled)])
+    else:
+        for matcher, j in grammar:
+            matcher.unsafe_compute_mask_ptr(host[j].ctypes.data, host[j].nbytes)
+    for j, seq in rows:
+        seq.mask.ban_eos(host[j], len(seq.token_ids) - seq.num_prompt_tokens)

@@ -182,15 +182,19 @@ async def test_min_tokens_and_add_generation_prompt(qwen3, checkpoints):
 
 def test_min_tokens_masks_out_every_end_of_sequence_until_reached():
     import numpy as np
-    from local_backend.engine.row_mask import RowMask
+    from local_backend.engine.row_mask import RowMask, fill_rows
+    from local_backend.engine.sequence import Sequence
     from local_backend.sampling_params import SamplingParams
-    mask = RowMask(SamplingParams(seed=0, max_tokens=9, min_tokens=3), frozenset({2, 31, 63}), None)
-    row = np.zeros(3, dtype=np.int32)
-    mask.fill(row, 2)
-    allowed = np.unpackbits(row.view(np.uint8), bitorder="little")
-    assert set(np.flatnonzero(allowed == 0)) == {2, 31, 63}
-    mask.fill(row, 3)
-    assert (row == -1).all()
+    params = SamplingParams(seed=0, max_tokens=9, min_tokens=3)
+    banned = Sequence(0, [5, 6, 7], 1, params, mask=RowMask(params, frozenset({2, 31, 63}), None))
+    free = Sequence(1, [5, 6], 1, SamplingParams(seed=0, max_tokens=9))
+    host = np.zeros((4, 3), dtype=np.int32)
+    fill_rows(host, [free, banned])   # two generated: end-of-sequence still banned
+    allowed = np.unpackbits(host[1].view(np.uint8), bitorder="little")
+    assert set(np.flatnonzero(allowed == 0)) == {2, 31, 63} and (host[0] == -1).all()
+    banned.token_ids.append(8)
+    fill_rows(host, [banned])
+    assert (host[0] == -1).all()
 
 
 async def test_auto_holds_strict_tools_to_their_schema_and_leaves_text_free(hermes):
