@@ -311,7 +311,10 @@ class ModelRunner:
         out = []
         for i, (seq, t) in enumerate(zip(staged.sampled, tokens)):
             k = seq.params.logprobs
-            out.append(Sample(t) if k is None else Sample(t, chosen[i], tuple(zip(top_ids[i][:k], top_lp[i][:k]))))
+            top = () if k is None else tuple(zip(top_ids[i][:k], top_lp[i][:k]))
+            if seq.mask is not None:   # tokens the mask ruled out are no alternatives (and -inf is no JSON)
+                top = tuple(e for e in top if e[1] != float("-inf"))
+            out.append(Sample(t) if k is None else Sample(t, chosen[i], top))
         return out
 
     def _wait(self, marks: list | None) -> dict[str, float]:

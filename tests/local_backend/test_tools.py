@@ -213,3 +213,46 @@ async def test_auto_holds_strict_tools_to_their_schema_and_leaves_text_free(herm
                         assert set(json.loads(call.function.arguments)) == {"city", "days"}
             else:
                 assert "<tool_call>" not in message.content and message.tool_calls is None
+
+
+async def test_top_logprobs_of_a_constrained_row_list_only_tokens_it_could_draw(hermes):
+    async with Server(hermes, "m") as s:
+        r = await s.client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], max_tokens=3, logprobs=True, top_logprobs=20,
+            response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "boolean"}}})
+        first = r.choices[0].logprobs.content[0]
+        assert first.token in ("t", "f") or first.token.startswith(("t", "f"))
+        assert 1 <= len(first.top_logprobs) < 20 and all(e.logprob > float("-inf") for e in first.top_logprobs)
+
+
+async def agent_loop(client, model: str) -> tuple[list, list[str]]:
+    """A required call, its result, an answer: the calls made and each turn's cache header."""
+    messages = [{"role": "user", "content": "weather in Paris?"}]
+    first = await client.chat.completions.with_raw_response.create(
+        model=model, messages=messages, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, seed=3,
+        temperature=0.7, max_tokens=200)
+    call = first.parse().choices[0].message
+    messages += [call.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": "sunny"}]
+    second = await client.chat.completions.with_raw_response.create(
+        model=model, messages=messages, tools=[WEATHER], seed=3, temperature=0.7, max_tokens=20)
+    answer = second.parse().choices[0].message
+    calls = [(c.id, c.function.name, c.function.arguments) for m in (call, answer) for c in m.tool_calls or []]
+    return calls + [answer.content], [r.headers.get("x-detgate-cache", "") for r in (first, second)]
+
+
+async def test_an_agent_loop_through_the_gateway_replays_from_the_cache_and_cold_from_the_backend(hermes):
+    from fakes.loopback import LoopbackServer
+    from gateway.app import create_app
+    from gateway.config import Settings
+    async with Server(hermes, "m") as backend:
+        direct, _ = await agent_loop(backend.client, "m")
+        settings = Settings.model_validate({"upstreams": [{"name": "local", "url": backend.url + "/v1"}],
+                                            "secret": "s" * 32, "log_level": "WARNING"})
+        with LoopbackServer(create_app(settings)) as gateway:
+            gw = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+            first, misses = await agent_loop(gw, "local/m")
+            again, hits = await agent_loop(gw, "local/m")
+            await gw.close()
+    assert misses == ["miss", "miss"] and hits == ["hit", "hit"]
+    assert first == again == direct   # the same calls, arguments and ids, cached or cold
