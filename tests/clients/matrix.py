@@ -52,6 +52,7 @@ class Run:
     requests: list[Seen]
     outcomes: dict[str, float]  # detgate_requests by cache outcome, this run's increase
     upstream_calls: int
+    echo: Any = None  # what the result held under "echo", set apart by `twice`
 
 
 class Gateway:
@@ -123,11 +124,15 @@ class Gateway:
         return Run(result, requests, outcomes, self.upstream_calls() - calls)
 
 
-def twice(gw: Gateway, call: Callable[[], Any], stream: bool) -> tuple[Run, Run]:
+def twice(gw: Gateway, call: Callable[[], Any], stream: bool, then: Callable[[], Any] | None = None) -> tuple[Run, Run]:
     """The same client call twice: the first misses (every request it makes goes upstream),
     the second hits (none does) and the app sees exactly what it saw the first time. `stream`:
-    whether the client asked for a stream (checked: a client could quietly not)."""
-    first, second = gw.run(call), gw.run(call)
+    whether the client asked for a stream (checked: a client could quietly not). `then`: a
+    second call that differs only in unkeyed fields; what each run's result holds under "echo"
+    (the fields the wire echoes back) is left for the caller to check, the rest must match."""
+    first, second = gw.run(call), gw.run(then or call)
+    for run in (first, second):
+        run.echo = run.result.pop("echo", None) if isinstance(run.result, dict) else None
     assert first.requests, "the client sent the gateway no request"
     sent = [orjson.loads(r.body).get("stream") is True for r in first.requests]
     assert sent == [stream] * len(first.requests), [orjson.loads(r.body) for r in first.requests]

@@ -75,3 +75,23 @@ def test_litellm_structured(gw, stream):
         return {"answer": json.loads(text), "id": response.id}
 
     twice(gw, call, stream)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_litellm_echo(gw, stream):
+    """Two responses() calls that differ only in `metadata`: the second hits, and each reads back
+    its own metadata (issue 44)."""
+    prompt = f"litellm echo stream={stream}: find the install guide."
+    where = {"api_base": gw.url + "/v1", "api_key": "unused", "max_retries": 0}
+
+    def call(request_id: str) -> dict:
+        ask = {"model": f"openai/{OPENAI_MODEL}", "input": prompt, "metadata": {"request_id": request_id}, **where}
+        if stream:
+            response = [e.response for e in litellm.responses(**ask, stream=True) if e.type == "response.completed"][0]
+        else:
+            response = litellm.responses(**ask)
+        text = "".join(c.text for i in response.output if i.type == "message" for c in i.content if c.type == "output_text")
+        return {"text": text, "id": response.id, "echo": response.metadata}
+
+    first, second = twice(gw, lambda: call("r-1"), stream, then=lambda: call("r-2"))
+    assert (first.echo, second.echo) == ({"request_id": "r-1"}, {"request_id": "r-2"})

@@ -112,3 +112,39 @@ def test_a_miss_is_put_down_to_the_field_that_differed(gw):
     with pytest.raises(AssertionError) as failed:
         twice(gw, call, False)
     assert 'body $.messages[0].content: "harness: first" -> "harness: second"' in str(failed.value)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_python_echo(gw, stream):
+    """Two calls that differ only in `metadata` (out of the key): the second hits, and each app
+    reads back its own metadata from the response, as it matches a response to its request
+    (issue 44), also through responses.stream(...).get_final_response()."""
+    api = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+    prompt = f"openai-python echo stream={stream}: find the install guide."
+
+    def call(request_id: str) -> dict:
+        ask = {"model": OPENAI_MODEL, "input": prompt, "metadata": {"request_id": request_id}}
+        if stream:
+            with api.responses.stream(**ask) as events:
+                response = events.get_final_response()
+        else:
+            response = api.responses.create(**ask)
+        return {"text": response.output_text, "id": response.id, "echo": response.metadata}
+
+    first, second = twice(gw, lambda: call("r-1"), stream, then=lambda: call("r-2"))
+    assert (first.echo, second.echo) == ({"request_id": "r-1"}, {"request_id": "r-2"})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_node_echo(gw, node_clients, stream):
+    """As test_openai_python_echo, with the npm client."""
+    ask = {"base": gw.url, "surface": "responses", "model": OPENAI_MODEL, "stream": stream, "tool": False,
+           "prompt": f"openai-node echo stream={stream}: find the install guide."}
+
+    def call(request_id: str) -> dict:
+        out = node("openai_node.mjs", {**ask, "metadata": {"request_id": request_id}})
+        out.pop("cache")
+        return out
+
+    first, second = twice(gw, lambda: call("r-1"), stream, then=lambda: call("r-2"))
+    assert (first.echo, second.echo) == ({"request_id": "r-1"}, {"request_id": "r-2"})

@@ -1,6 +1,6 @@
 // The openai npm client against the gateway: one call described by the JSON in argv[2]
-// ({base, surface: "chat"|"responses", stream, tool, prompt}); prints what the app would see
-// (text, tool calls) and the gateway's x-detgate-cache header, as JSON.
+// ({base, surface: "chat"|"responses", stream, tool, metadata, prompt}); prints what the app would
+// see (text, tool calls, the metadata a response echoes) and the gateway's x-detgate-cache header, as JSON.
 import OpenAI from 'openai';
 
 const ask = JSON.parse(process.argv[2]);
@@ -37,9 +37,10 @@ async function chat() {
 async function responses() {
   const body = { model: ask.model, input: ask.prompt };
   if (ask.tool) body.tools = [{ type: 'function', name: 'search', description: 'Search the documentation.', parameters, strict: true }];
+  if (ask.metadata) body.metadata = ask.metadata;
   if (!ask.stream) {
     const { data, response } = await client.responses.create(body).withResponse();
-    return { cache: response.headers.get('x-detgate-cache'), text: data.output_text, tool_calls: calls(data.output) };
+    return { cache: response.headers.get('x-detgate-cache'), text: data.output_text, tool_calls: calls(data.output), echo: data.metadata };
   }
   const { data, response } = await client.responses.create({ ...body, stream: true }).withResponse();
   let text = '';
@@ -48,7 +49,7 @@ async function responses() {
     if (event.type === 'response.output_text.delta') text += event.delta;
     if (event.type === 'response.completed') done = event.response;
   }
-  return { cache: response.headers.get('x-detgate-cache'), text, tool_calls: calls(done.output) };
+  return { cache: response.headers.get('x-detgate-cache'), text, tool_calls: calls(done.output), echo: done.metadata };
 }
 
 function calls(output) {
