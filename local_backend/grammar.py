@@ -40,6 +40,15 @@ def lark(source: str) -> str:
     return llguidance.LLMatcher.grammar_from_lark(source)
 
 
+def regex(pattern: str) -> str:
+    return llguidance.LLMatcher.grammar_from_regex(pattern)
+
+
+def choice(options: list[str]) -> str:
+    """Exactly one of `options`, as written."""
+    return lark("start: " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options) + "\n")
+
+
 class Grammars:
     """Compiled grammars over one tokenizer, most recently used kept; safe from several threads."""
 

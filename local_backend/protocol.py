@@ -56,6 +56,15 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` (the newer form of its guided_* fields): one of them."""
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    json_: dict | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    json_object: bool | None = None
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     model: str
@@ -69,7 +78,25 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = False                  # an extension (vLLM's), for benchmarks
     min_tokens: int | None = Field(None, ge=0)       # an extension (vLLM's): end-of-sequence banned before
+    # vLLM's guided decoding: the answer held to a JSON schema, a regex or one of some strings
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    structured_outputs: StructuredOutputs | None = None
 
+    def guided(self) -> tuple[str, str, Any] | None:
+        """(field, kind, value) of the vLLM-style constraint asked, if any: at most one."""
+        asked = [(f"guided_{kind}", kind, getattr(self, f"guided_{kind}")) for kind in ("json", "regex", "choice")]
+        if self.structured_outputs is not None:
+            so = self.structured_outputs
+            asked += [("structured_outputs.json", "json", so.json_), ("structured_outputs.regex", "regex", so.regex),
+                      ("structured_outputs.choice", "choice", so.choice),
+                      ("structured_outputs.json_object", "json_object", so.json_object or None)]
+        asked = [a for a in asked if a[2] is not None]
+        if len(asked) > 1:
+            raise APIError(400, f"{asked[0][0]} and {asked[1][0]} both constrain the answer; send one",
+                           param=asked[1][0])
+        return asked[0] if asked else None
     @model_validator(mode="before")
     @classmethod
     def refuse_unsupported(cls, data):
@@ -234,8 +261,11 @@ class ChatRequest(_Common):
                            f"the tools declared ({', '.join(names) or 'none'})", param="tool_choice")
         if choice == "required" and not names:
             raise APIError(400, "tool_choice 'required' needs at least one tool", param="tool_choice")
-        if self.tools and self.response_format is not None and self.response_format.type != "text" \
-                and choice != "none":
+        formatted = self.response_format is not None and self.response_format.type != "text"
+        if self.guided() is not None and (formatted or self.calls_tools()):
+            raise APIError(400, f"{self.guided()[0]} with response_format or tools: send one constraint",
+                           param=self.guided()[0])
+        if self.tools and formatted and choice != "none":
             raise APIError(400, "response_format with tools is not supported: a constrained answer cannot also "
                            "call a tool (set tool_choice to 'none')", param="response_format")
         return self

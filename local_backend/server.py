@@ -111,8 +111,27 @@ def render_args(req: ChatRequest, engine: EngineClient) -> dict:
                 variables=variables)
 
 
+def guided(req, engine: EngineClient) -> str | None:
+    """The grammar of vLLM's guided_json / guided_regex / guided_choice / structured_outputs, if asked."""
+    asked = req.guided()
+    if asked is None:
+        return None
+    field, kind, value = asked
+    try:
+        if kind == "json":
+            made = grammar.json_schema(orjson.loads(value) if isinstance(value, str) else value)
+        else:
+            made = {"json_object": grammar.json_object, "regex": grammar.regex, "choice": grammar.choice}[kind](
+                *([] if kind == "json_object" else [value]))
+        return engine.grammar_checked(made)
+    except (grammar.GrammarError, orjson.JSONDecodeError) as e:
+        raise APIError(400, f"{field} cannot be compiled to a grammar: {e}", param=field) from None
+
+
 def constraint(req: ChatRequest, engine: EngineClient, kind: str | None) -> str | None:
     """The grammar the answer is held to, if any; a 400 naming the field for one that does not compile."""
+    if req.guided() is not None:
+        return guided(req, engine)
     choice, fmt = req.tool_choice, req.response_format
     tools = None
     if req.tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
@@ -170,7 +189,7 @@ async def completions(request: web.Request):
     if not prompt:
         raise APIError(400, "the prompt is empty after tokenization", param="prompt")
     params = sampling_params(req, engine, len(prompt), 16 if req.max_tokens is None else req.max_tokens,
-                             req.logprobs, req.scored_prompt_logprobs())
+                             req.logprobs, req.scored_prompt_logprobs(), guided(req, engine))
     return await respond(CompletionHandler(request, engine, request.app[MODEL_NAME], req, prompt, params))
 
 

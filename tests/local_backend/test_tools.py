@@ -4,6 +4,7 @@ ids that replay with the seed, and structured outputs (response_format) under a 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -142,7 +143,7 @@ async def test_response_format_json_schema_is_enforced_and_json_object_gives_an_
      "response_format.json_schema.schema"),
     ({"tools": [ADD], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"guided_json": {"type": "object"}}, "guided_json"),
+    ({"guided_grammar": "root ::= x"}, "guided_grammar"),
     ({"repetition_penalty": 1.2}, "repetition_penalty"),
     ({"min_p": 0.1}, "min_p"),
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
@@ -256,3 +257,38 @@ async def test_an_agent_loop_through_the_gateway_replays_from_the_cache_and_cold
             await gw.close()
     assert misses == ["miss", "miss"] and hits == ["hit", "hit"]
     assert first == again == direct   # the same calls, arguments and ids, cached or cold
+
+
+@pytest.mark.parametrize("extra, check", [
+    ({"guided_choice": ["yes", "no", "maybe so"]}, lambda text: text in ("yes", "no", "maybe so")),
+    ({"structured_outputs": {"choice": ["alpha", "beta"]}}, lambda text: text in ("alpha", "beta")),
+    ({"guided_regex": "[0-9]{3}-[a-c]{2}"}, lambda text: re.fullmatch("[0-9]{3}-[a-c]{2}", text)),
+    ({"guided_json": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                      "additionalProperties": False}}, lambda text: set(json.loads(text)) == {"ok"}),
+    ({"structured_outputs": {"json": '{"type": "array", "items": {"type": "boolean"}, "maxItems": 2}'}},
+     lambda text: isinstance(json.loads(text), list)),
+])
+async def test_vllm_guided_decoding_on_both_endpoints(hermes, extra, check):
+    async with Server(hermes, "m") as s:
+        for seed in range(2):
+            c = await s.client.completions.create(model="m", prompt="answer:", max_tokens=40, seed=seed,
+                                                  temperature=1.0, extra_body=extra)
+            assert c.choices[0].finish_reason == "stop" and check(c.choices[0].text), c.choices[0].text
+            r = await s.client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                                       max_tokens=40, seed=seed, temperature=1.0, extra_body=extra)
+            assert r.choices[0].finish_reason == "stop" and check(r.choices[0].message.content)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"guided_regex": "(unclosed"}, "guided_regex"),
+    ({"guided_json": "not json"}, "guided_json"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_choice": ["a"], "guided_regex": "b"}, "guided_choice"),
+    ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs.grammar"),
+    ({"guided_grammar": "root ::= x"}, "guided_grammar"),
+])
+async def test_bad_guided_decoding_is_a_400_naming_the_field(hermes, extra, param):
+    async with Server(hermes, "m") as s:
+        with pytest.raises(openai.BadRequestError) as e:
+            await s.client.completions.create(model="m", prompt="x", max_tokens=2, extra_body=extra)
+        assert e.value.body["param"] == param
