@@ -192,8 +192,13 @@ def _leaves(value: Any):
 
 
 def node_installed() -> bool:
-    return all((NODE_PREFIX / "node_modules" / spec.rsplit("@", 1)[0] / "package.json").exists()
-               for spec in NODE_PACKAGES)
+    """Whether build/clients holds every pinned package at its pinned version."""
+    for spec in NODE_PACKAGES:
+        name, version = spec.rsplit("@", 1)
+        manifest = NODE_PREFIX / "node_modules" / name / "package.json"
+        if not manifest.exists() or json.loads(manifest.read_text()).get("version") != version:
+            return False
+    return True
 
 
 def install_node() -> subprocess.CompletedProcess:
