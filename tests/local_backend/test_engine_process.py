@@ -4,6 +4,7 @@ engine process that dies fails the requests waiting on it instead of leaving the
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 
@@ -96,3 +97,23 @@ async def test_a_dead_engine_process_fails_its_requests_and_says_so(engine_proce
             async with http.get(s.url + "/healthz") as r:
                 assert r.status == 503
                 assert (await r.json())["last_error"] == "the engine process exited"
+
+
+async def test_constrained_requests_through_the_process_equal_the_thread_s(engines, engine_process):
+    """The grammar travels in the request to the engine's process, which compiles it there."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
+
+    async def ask(server):
+        c = await server.client.completions.create(model="qwen3", prompt="pick", max_tokens=8, seed=4, temperature=1.0,
+                                                   extra_body={"guided_choice": ["red", "green", "blue"]})
+        r = await server.client.chat.completions.create(
+            model="qwen3", messages=[{"role": "user", "content": "n?"}], max_tokens=20, seed=4, temperature=1.0,
+            response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+        return c.choices[0].text, r.choices[0].message.content
+
+    async with Server(engines["qwen3"], "qwen3") as thread:
+        expected = await ask(thread)
+    async with Server(engine_process, "qwen3") as process:
+        assert await ask(process) == expected
+    assert expected[0] in ("red", "green", "blue") and set(json.loads(expected[1])) == {"n"}
