@@ -2,7 +2,8 @@
 
 The mask is a bitmask of int32 words per row (bit t % 32 of word t // 32 allows token t, the
 layout llguidance fills). Unpacking and masking are elementwise, so a row's result depends
-on its own logits and mask alone, in every mode and on every device.
+on its own logits and mask alone, in every mode and on every device. min_p's floor needs the
+row's largest logit too: a max, exact in any order, so just as much the row's own.
 """
 from __future__ import annotations
 
@@ -16,3 +17,13 @@ def apply_token_mask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tenso
     bits = torch.arange(32, device=logits.device, dtype=torch.int32)
     allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).reshape(batch, -1)[:, :vocab]
     return logits.masked_fill(allowed == 0, float("-inf"))
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """vLLM's min_p: the tokens whose probability after temperature is below min_p times the
+    likeliest's set to -inf, i.e. logit < max + temperature * log(min_p). Rows with min_p 0 or
+    temperature 0 (greedy) are left as they are. logits [B, V]; min_p, temperature fp32 [B]."""
+    on = (min_p > 0) & (temperature > 0)
+    floor = logits.float().amax(dim=-1) + temperature * torch.log(torch.where(on, min_p, 1.0))
+    floor = torch.where(on, floor, float("-inf")).unsqueeze(-1)
+    return logits.masked_fill(logits.float() < floor, float("-inf"))

@@ -17,3 +17,4 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # None: none; k >= 0: every prompt token's logprob (but the first's) and top k
     min_tokens: int = 0        # end-of-sequence is masked out before this many tokens
     grammar: str | None = None  # llguidance grammar the answer is constrained to (local_backend/grammar.py)
+    min_p: float = 0.0         # vLLM's: tokens below min_p x the likeliest's probability are not drawn; 0: off

@@ -90,6 +90,7 @@ def sampling_params(req, engine: EngineClient, prompt_len: int, max_tokens: int 
         ignore_eos=bool(req.ignore_eos),
         prompt_logprobs=prompt_logprobs,
         min_tokens=req.min_tokens or 0,
+        min_p=float(req.min_p or 0.0),
         grammar=constraint)
 
 

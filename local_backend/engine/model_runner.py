@@ -85,7 +85,7 @@ class _Staged:
     filtered: bool                # some sampled row uses top-k / top-p
     logprobs: bool                # some sampled row wants logprobs
     scored: list                  # (Scheduled, its first hidden row) of each item that asks for prompt logprobs
-    masked: bool = False          # some sampled row is constrained (RowMask): the head masks its logits
+    masked: bool = False          # some sampled row is constrained (RowMask) or floored (min_p): the head runs eagerly
     follows_tokens: bool = False  # some row's mask needs this step's token before the next step stages
 
 
@@ -184,6 +184,7 @@ class ModelRunner:
         h["temperature"][first:rows] = 0.0
         h["top_k"][first:rows] = 0
         h["top_p"][first:rows] = 1.0
+        h["min_p"][first:rows] = 0.0
 
     def _stage(self, scheduled: list[Scheduled]) -> _Staged:
         """Write the step's inputs into the host buffer (not yet sent)."""
@@ -236,12 +237,14 @@ class ModelRunner:
         h["temperature"][:n] = [x.temperature for x in p]
         h["top_k"][:n] = [x.top_k for x in p]
         h["top_p"][:n] = [x.top_p for x in p]
+        h["min_p"][:n] = [x.min_p for x in p]
         vocab = self.model.cfg.vocab_size
         masks = [seq.mask for seq in sampled if seq.mask is not None]
+        floored = any(x.min_p > 0 for x in p)
         return _Staged(t, s, sampled, max(item.num_tokens for item in scheduled), max(kv_lens),
                        # Known here from the requests' parameters, without a device sync.
                        filtered=any(row_filters(x.temperature, x.top_k, x.top_p, vocab) for x in p),
-                       logprobs=any(x.logprobs is not None for x in p), scored=scored, masked=bool(masks),
+                       logprobs=any(x.logprobs is not None for x in p), scored=scored, masked=bool(masks) or floored,
                        follows_tokens=any(mask.follows_tokens for mask in masks))
 
     # ---- the forward pass ----------------------------------------------------------
@@ -285,8 +288,9 @@ class ModelRunner:
         distribution, the one the token was drawn from."""
         d = self.inputs.dev
         logits = self.model.logits(self.hidden.index_select(0, d["rows"][:n]))
-        if masked:
+        if masked:   # the rows' masks (all ones for a free row), then min_p's floors (none where 0)
             logits = kernels.apply_token_mask(logits, self.masks[:n])
+            logits = kernels.apply_min_p(logits, d["min_p"][:n], d["temperature"][:n])
         tokens = kernels.sample(logits, d["seeds"][:n], d["steps"][:n], d["temperature"][:n], d["top_k"][:n],
                                 d["top_p"][:n], filtered=filtered)
         self.sampled[:n].copy_(tokens)
@@ -312,7 +316,7 @@ class ModelRunner:
         for i, (seq, t) in enumerate(zip(staged.sampled, tokens)):
             k = seq.params.logprobs
             top = () if k is None else tuple(zip(top_ids[i][:k], top_lp[i][:k]))
-            if seq.mask is not None:   # tokens the mask ruled out are no alternatives (and -inf is no JSON)
+            if seq.mask is not None or seq.params.min_p > 0:   # tokens ruled out are no alternatives (nor JSON)
                 top = tuple(e for e in top if e[1] != float("-inf"))
             out.append(Sample(t) if k is None else Sample(t, chosen[i], top))
         return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import apply_token_mask, sampling
+from kernels import apply_min_p, apply_token_mask, sampling
 from test_sampling import _params, _rows, _tied_logits
 
 
@@ -45,3 +45,18 @@ def test_masked_rows_draw_allowed_tokens_and_do_not_depend_on_the_batch(gen, dev
             alone = run(torch.tensor([row], device=device))
             assert torch.equal(together[position], alone[0])
             assert allowed[row, int(alone[0])]
+
+
+def test_min_p_keeps_the_tokens_within_its_ratio_of_the_likeliest_row_by_row(gen, device):
+    logits = _tied_logits(gen, 5, 64, device)
+    min_p = torch.tensor([0.0, 0.1, 0.5, 1.0, 0.3], device=device)
+    temperature = torch.tensor([1.0, 0.7, 1.0, 1.3, 0.0], device=device)
+    out = apply_min_p(logits, min_p, temperature)
+    probs = torch.softmax(logits.float() / temperature.clamp_min(1e-6).unsqueeze(-1), dim=-1)
+    kept = probs >= min_p.unsqueeze(-1) * probs.amax(-1, keepdim=True) * (1 - 1e-6)
+    for row in (1, 2, 3):
+        assert torch.equal(~out[row].isinf(), kept[row])
+    assert torch.equal(out[0], logits[0]) and torch.equal(out[4], logits[4])   # off, and greedy
+    assert torch.equal(out[3].isinf(), logits[3] < logits[3].max())   # min_p 1: the likeliest alone
+    for row in range(5):   # a row alone gives its bits in the batch
+        assert torch.equal(apply_min_p(logits[row:row + 1], min_p[row:row + 1], temperature[row:row + 1])[0], out[row])

@@ -145,7 +145,7 @@ async def test_response_format_json_schema_is_enforced_and_json_object_gives_an_
     ({"tool_choice": "required"}, "tool_choice"),
     ({"guided_grammar": "root ::= x"}, "guided_grammar"),
     ({"repetition_penalty": 1.2}, "repetition_penalty"),
-    ({"min_p": 0.1}, "min_p"),
+    ({"min_p": 1.5}, "min_p"),
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
     ({"messages": [{"role": "user", "content": "x", "audio": {"id": "a"}}]}, "audio"),
 ])
@@ -292,3 +292,16 @@ async def test_bad_guided_decoding_is_a_400_naming_the_field(hermes, extra, para
         with pytest.raises(openai.BadRequestError) as e:
             await s.client.completions.create(model="m", prompt="x", max_tokens=2, extra_body=extra)
         assert e.value.body["param"] == param
+
+
+async def test_min_p_one_draws_the_likeliest_token_as_greedy_does(qwen3):
+    chat = [{"role": "user", "content": "hello there"}]
+    greedy = await qwen3.client.chat.completions.create(model="qwen3", messages=chat, max_tokens=12, temperature=0)
+    for seed in range(3):
+        floored = await qwen3.client.chat.completions.create(model="qwen3", messages=chat, max_tokens=12, seed=seed,
+                                                             temperature=1.0, extra_body={"min_p": 1.0})
+        assert floored.choices[0].message.content == greedy.choices[0].message.content
+    loose = [await qwen3.client.chat.completions.create(model="qwen3", messages=chat, max_tokens=12, seed=seed,
+                                                        temperature=1.0, extra_body={"min_p": 0.0})
+             for seed in range(3)]
+    assert any(r.choices[0].message.content != greedy.choices[0].message.content for r in loose)
