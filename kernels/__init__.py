@@ -27,7 +27,7 @@ from kernels.attention import attention_plan, paged_attention, store_kv
 from kernels.activation import silu_mul
 from kernels.rotary import rope_store_kv
 from kernels.sampling import argmax, log_softmax, logsumexp, sample
-from kernels.sampling_mask import apply_min_p, apply_token_mask
+from kernels.sampling_mask import apply_min_p, apply_repetition_penalty, apply_token_mask
 from kernels.toolchain import toolchain
 from kernels import moe
 
@@ -35,7 +35,7 @@ from kernels import moe
 KERNEL_VERSION = "7"
 
 __all__ = [
-    "apply_min_p", "apply_token_mask",
+    "apply_min_p", "apply_repetition_penalty", "apply_token_mask",
     "KERNEL_VERSION", "argmax", "attention_plan", "get_mode", "launches_early", "log_softmax", "logsumexp",
     "matmul", "matmul_partials", "mode", "paged_attention", "rms_norm", "rms_norm_residual", "rope_store_kv",
     "moe", "sample", "set_mode", "silu_mul", "store_kv", "swiglu", "toolchain",

@@ -10,13 +10,26 @@ from __future__ import annotations
 import torch
 
 
+def unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int32 words [B, W] -> bool [B, vocab], token t's bit t % 32 of word t // 32."""
+    bits = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    return ((bitmask.unsqueeze(-1) >> bits) & 1).reshape(bitmask.shape[0], -1)[:, :vocab] != 0
+
+
 def apply_token_mask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """logits [B, V] (any float dtype), bitmask int32 [B, >= V / 32] -> logits with the
     disallowed tokens at -inf (a new tensor)."""
-    batch, vocab = logits.shape
-    bits = torch.arange(32, device=logits.device, dtype=torch.int32)
-    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).reshape(batch, -1)[:, :vocab]
-    return logits.masked_fill(allowed == 0, float("-inf"))
+    return logits.masked_fill(~unpack(bitmask, logits.shape[1]), float("-inf"))
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """vLLM's (and transformers') repetition_penalty: a seen token's logit divided by the row's
+    penalty where positive, multiplied where not, in fp32 and rounded back to the logits' dtype.
+    seen: int32 words [B, W] as apply_token_mask's; penalty fp32 [B], 1 for off (exactly the
+    logit again)."""
+    x = logits.float()
+    p = penalty.unsqueeze(-1)
+    return torch.where(unpack(seen, logits.shape[1]), torch.where(x > 0, x / p, x * p), x).to(logits.dtype)
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:

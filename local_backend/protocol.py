@@ -37,9 +37,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "functions": (None, []),
     "function_call": (None, "none"),
     "suffix": (None, ""),
-    # vLLM's: a penalty over each row's tokens so far would need a per-row scatter over its
-    # history before the batch-invariant sampler, not written yet
-    "repetition_penalty": (None, 1, 1.0),
     "continue_final_message": (None, False),
     "include_stop_str_in_output": (None, False),
     "skip_special_tokens": (None, True),
@@ -78,6 +75,7 @@ class _Common(BaseModel):
     ignore_eos: bool | None = False                  # an extension (vLLM's), for benchmarks
     min_tokens: int | None = Field(None, ge=0)       # an extension (vLLM's): end-of-sequence banned before
     min_p: float | None = Field(None, ge=0, le=1)    # an extension (vLLM's): a floor relative to the likeliest
+    repetition_penalty: float | None = Field(None, gt=0, le=10)   # an extension (vLLM's); 1: off
     # vLLM's guided decoding: the answer held to a JSON schema, a regex or one of some strings
     guided_json: dict | str | None = None
     guided_regex: str | None = None

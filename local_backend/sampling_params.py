@@ -18,3 +18,4 @@ class SamplingParams:
     min_tokens: int = 0        # end-of-sequence is masked out before this many tokens
     grammar: str | None = None  # llguidance grammar the answer is constrained to (local_backend/grammar.py)
     min_p: float = 0.0         # vLLM's: tokens below min_p x the likeliest's probability are not drawn; 0: off
+    repetition_penalty: float = 1.0  # vLLM's: seen tokens' logits divided (positive) or multiplied by it; 1: off

@@ -91,6 +91,7 @@ def sampling_params(req, engine: EngineClient, prompt_len: int, max_tokens: int 
         prompt_logprobs=prompt_logprobs,
         min_tokens=req.min_tokens or 0,
         min_p=float(req.min_p or 0.0),
+        repetition_penalty=float(req.repetition_penalty or 1.0),
         grammar=constraint)
 
 

@@ -41,7 +41,7 @@ import torch
 import kernels
 from kernels.sampling import row_filters
 from local_backend.engine.messages import Sample
-from local_backend.engine.row_mask import fill_rows
+from local_backend.engine.row_mask import fill_rows, fill_seen
 from local_backend.engine.scheduler import Scheduled
 from local_backend.engine.sequence import PENDING
 from local_backend.engine.step_inputs import StepInputs
@@ -134,6 +134,9 @@ class ModelRunner:
         words = -(-cfg.vocab_size // 32)
         self.masks_host = [torch.full((max_batch, words), -1, dtype=torch.int32, pin_memory=gpu) for _ in range(2)]
         self.masks = torch.full((max_batch, words), -1, dtype=torch.int32, device=self.device)
+        # The tokens each row has seen, for a repetition penalty (the same layout, zero: none).
+        self.seen_host = [torch.zeros((max_batch, words), dtype=torch.int32, pin_memory=gpu) for _ in range(2)]
+        self.seen = torch.zeros((max_batch, words), dtype=torch.int32, device=self.device)
         self._slot = 0
         self._in_flight = [False, False]
         self.stream = torch.cuda.current_stream(self.device) if gpu else None   # looked up once: ~30 us a call
@@ -185,6 +188,7 @@ class ModelRunner:
         h["top_k"][first:rows] = 0
         h["top_p"][first:rows] = 1.0
         h["min_p"][first:rows] = 0.0
+        h["penalty"][first:rows] = 1.0
 
     def _stage(self, scheduled: list[Scheduled]) -> _Staged:
         """Write the step's inputs into the host buffer (not yet sent)."""
@@ -238,6 +242,7 @@ class ModelRunner:
         h["top_k"][:n] = [x.top_k for x in p]
         h["top_p"][:n] = [x.top_p for x in p]
         h["min_p"][:n] = [x.min_p for x in p]
+        h["penalty"][:n] = [x.repetition_penalty for x in p]
         vocab = self.model.cfg.vocab_size
         masks = [seq.mask for seq in sampled if seq.mask is not None]
         floored = any(x.min_p > 0 for x in p)
@@ -288,8 +293,9 @@ class ModelRunner:
         distribution, the one the token was drawn from."""
         d = self.inputs.dev
         logits = self.model.logits(self.hidden.index_select(0, d["rows"][:n]))
-        if masked:   # the rows' masks (all ones for a free row), then min_p's floors (none where 0)
+        if masked:   # the rows' masks (all ones for a free row), penalties (1: none), min_p's floors (0: none)
             logits = kernels.apply_token_mask(logits, self.masks[:n])
+            logits = kernels.apply_repetition_penalty(logits, self.seen[:n], d["penalty"][:n])
             logits = kernels.apply_min_p(logits, d["min_p"][:n], d["temperature"][:n])
         tokens = kernels.sample(logits, d["seeds"][:n], d["steps"][:n], d["temperature"][:n], d["top_k"][:n],
                                 d["top_p"][:n], filtered=filtered)
@@ -398,6 +404,8 @@ class ModelRunner:
             n = len(staged.sampled)
             fill_rows(self.masks_host[slot].numpy(), staged.sampled)
             self.masks[:n].copy_(self.masks_host[slot][:n], non_blocking=True)
+            fill_seen(self.seen_host[slot].numpy(), staged.sampled)
+            self.seen[:n].copy_(self.seen_host[slot][:n], non_blocking=True)
         outputs = ()
         if head:
             head_graph, outputs = self.head_graphs[head]

@@ -23,6 +23,7 @@ class StepInputs:
             ("rows", torch.int64, max_seqs), ("seeds", torch.int64, max_seqs), ("steps", torch.int64, max_seqs),
             ("temperature", torch.float32, max_seqs), ("top_k", torch.int32, max_seqs),
             ("top_p", torch.float32, max_seqs), ("min_p", torch.float32, max_seqs),
+            ("penalty", torch.float32, max_seqs),
             # per token; a token still being sampled by the step before is that step's
             # sampled row `ahead_row` where `ahead` is set (ModelRunner.token_ids)
             ("ids", torch.int64, max_tokens), ("positions", torch.int64, max_tokens), ("slots", torch.int64, max_tokens),

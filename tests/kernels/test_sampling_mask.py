@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import apply_min_p, apply_token_mask, sampling
+from kernels import apply_min_p, apply_repetition_penalty, apply_token_mask, sampling
 from test_sampling import _params, _rows, _tied_logits
 
 
@@ -60,3 +60,19 @@ def test_min_p_keeps_the_tokens_within_its_ratio_of_the_likeliest_row_by_row(gen
     assert torch.equal(out[3].isinf(), logits[3] < logits[3].max())   # min_p 1: the likeliest alone
     for row in range(5):   # a row alone gives its bits in the batch
         assert torch.equal(apply_min_p(logits[row:row + 1], min_p[row:row + 1], temperature[row:row + 1])[0], out[row])
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_seen_logits(gen, device):
+    logits = torch.randn(4, 70, generator=gen).to(device=device, dtype=torch.bfloat16)
+    seen = torch.rand(4, 70, generator=gen) < 0.3
+    seen[:, 31] = True   # the sign bit of a word
+    penalty = torch.tensor([1.0, 1.3, 2.0, 0.8], device=device)
+    out = apply_repetition_penalty(logits, _bitmask(seen).to(device), penalty)
+    assert out.dtype == logits.dtype and torch.equal(out[0], logits[0])   # 1: off, exactly
+    x = logits.float().cpu()
+    for row in range(1, 4):
+        p = float(penalty[row])
+        expected = [(v / p if v > 0 else v * p) if s else v for v, s in zip(x[row].tolist(), seen[row].tolist())]
+        assert torch.equal(out[row].cpu(), torch.tensor(expected).to(logits.dtype))
+        alone = apply_repetition_penalty(logits[row:row + 1], _bitmask(seen[row:row + 1]).to(device), penalty[row:row + 1])
+        assert torch.equal(alone[0], out[row])

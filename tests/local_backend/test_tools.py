@@ -10,6 +10,7 @@ from pathlib import Path
 
 import openai
 import pytest
+import torch
 from transformers import PreTrainedTokenizerFast
 
 from conftest import Server, make_engine
@@ -144,7 +145,7 @@ async def test_response_format_json_schema_is_enforced_and_json_object_gives_an_
     ({"tools": [ADD], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"guided_grammar": "root ::= x"}, "guided_grammar"),
-    ({"repetition_penalty": 1.2}, "repetition_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
     ({"min_p": 1.5}, "min_p"),
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
     ({"messages": [{"role": "user", "content": "x", "audio": {"id": "a"}}]}, "audio"),
@@ -305,3 +306,24 @@ async def test_min_p_one_draws_the_likeliest_token_as_greedy_does(qwen3):
                                                         temperature=1.0, extra_body={"min_p": 0.0})
              for seed in range(3)]
     assert any(r.choices[0].message.content != greedy.choices[0].message.content for r in loose)
+
+
+async def test_repetition_penalty_greedy_follows_the_reference_with_the_penalty(qwen3, checkpoints):
+    """Greedy under repetition_penalty: each token is the argmax of the reference model's logits
+    with the prompt's and answer's tokens penalized, as transformers' and vLLM's penalty does."""
+    from reference import ReferenceModel
+    reference = ReferenceModel(checkpoints["qwen3"])
+    prompt = qwen3.engine.tokenizer.encode("The quick brown fox jumps over the lazy dog", add_special_tokens=False)
+    for penalty in (1.0, 1.8):
+        r = await qwen3.client.completions.create(model="qwen3", prompt=prompt, max_tokens=10, temperature=0,
+                                                  extra_body={"repetition_penalty": penalty, "ignore_eos": True,
+                                                              "return_tokens_as_token_ids": True}, logprobs=0)
+        got = [int(t.removeprefix("token_id:")) for t in r.choices[0].logprobs.tokens]
+        ids = list(prompt)
+        for _ in range(10):
+            x = reference.logits(ids)[-1]
+            seen = torch.zeros_like(x, dtype=torch.bool)
+            seen[torch.tensor(sorted(set(ids)))] = True
+            x = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
+            ids.append(int(torch.argmax(x)))
+        assert got == ids[len(prompt):], penalty
