@@ -207,7 +207,7 @@ def announcement(engine: EngineClient) -> dict:
 def features(engine: EngineClient) -> list[str]:
     """What a gateway may rely on: `strict_json` means a strict schema is enforced by the decoder,
     so an answer that finished by stopping is valid JSON of its schema (no retries needed)."""
-    out = ["structured_outputs", "strict_json", "min_tokens"]
+    out = ["structured_outputs", "strict_json", "guided_decoding", "min_tokens", "min_p", "repetition_penalty"]
     if tool_calls.family(engine.tokenizer.template_source) and "tools" in engine.tokenizer.renders:
         out.append("tools")
     return sorted(out)

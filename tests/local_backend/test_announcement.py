@@ -23,7 +23,8 @@ async def test_models_announce_the_whitebox_profile(qwen3):
     assert model["detgate"] == {"profile": "whitebox", "mode": "invariant",
                                 "system_fingerprint": qwen3.engine.fingerprint,
                                 "kernel_version": kernels.KERNEL_VERSION,
-                                "features": ["min_tokens", "strict_json", "structured_outputs"]}
+                                "features": ["guided_decoding", "min_p", "min_tokens", "repetition_penalty",
+                                             "strict_json", "structured_outputs"]}
 
 
 async def test_every_response_names_the_backend(qwen3):
