@@ -37,7 +37,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "functions": (None, []),
     "function_call": (None, "none"),
     "suffix": (None, ""),
-    "continue_final_message": (None, False),
     "include_stop_str_in_output": (None, False),
     "skip_special_tokens": (None, True),
     "modalities": (None, ["text"]),
@@ -243,6 +242,7 @@ class ChatRequest(_Common):
     # vLLM's template extensions: whether to open the assistant's turn, variables the
     # template reads (Qwen3's enable_thinking), documents for templates that render them
     add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
     chat_template_kwargs: dict | None = None
     documents: list[dict] | None = None
 
@@ -259,6 +259,9 @@ class ChatRequest(_Common):
                            f"the tools declared ({', '.join(names) or 'none'})", param="tool_choice")
         if choice == "required" and not names:
             raise APIError(400, "tool_choice 'required' needs at least one tool", param="tool_choice")
+        if self.continue_final_message and self.add_generation_prompt is not False:
+            raise APIError(400, "continue_final_message needs add_generation_prompt false: the model goes on writing "
+                           "the last message rather than starting a new one", param="continue_final_message")
         formatted = self.response_format is not None and self.response_format.type != "text"
         if self.guided() is not None and (formatted or self.calls_tools()):
             raise APIError(400, f"{self.guided()[0]} with response_format or tools: send one constraint",

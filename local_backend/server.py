@@ -110,7 +110,7 @@ def render_args(req: ChatRequest, engine: EngineClient) -> dict:
         raise APIError(400, "this model's chat template does not render tools, so the model would not know them; "
                        "serve it with --chat-template naming one that does", param="tools")
     return dict(tools=tools, documents=req.documents, add_generation_prompt=req.add_generation_prompt is not False,
-                variables=variables)
+                variables=variables, continue_final=bool(req.continue_final_message))
 
 
 def guided(req, engine: EngineClient) -> str | None:

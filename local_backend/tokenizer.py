@@ -21,6 +21,9 @@ from tokenizers import Tokenizer as HFTokenizer
 from local_backend.errors import CheckpointError
 
 
+# What transformers appends to the final message to find where it ends once rendered
+# (continue_final_message): the rendered text is cut there.
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 NO_TEMPLATE = ("this model has no chat template (no chat_template in tokenizer_config.json, no "
                "chat_template.jinja); use /v1/completions")
 
@@ -102,11 +105,19 @@ class Tokenizer:
         return None if self.eos_token is None else self.tok.token_to_id(self.eos_token)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
-                    documents: list[dict] | None = None, variables: dict | None = None) -> str:
+                    documents: list[dict] | None = None, variables: dict | None = None,
+                    continue_final: bool = False) -> str:
+        """continue_final (vLLM's continue_final_message): the text ends inside the last message,
+        which the model goes on writing, cut where transformers cuts it."""
         if self.template is None:
             raise TemplateError(NO_TEMPLATE)
+        final = messages[-1].get("content") if continue_final else None
+        if continue_final:
+            if not isinstance(final, str) or "content" not in self.template_source:
+                raise TemplateError("continue_final_message: the final message has no text the template renders")
+            messages = messages[:-1] + [{**messages[-1], "content": final + CONTINUE_TAG}]
         try:
-            return self.template.render(
+            text = self.template.render(
                 **(variables or {}), messages=messages, tools=tools, documents=documents,
                 add_generation_prompt=add_generation_prompt, bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "")
@@ -114,6 +125,12 @@ class Tokenizer:
             raise
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template failed: {e}") from e
+        if not continue_final:
+            return text
+        if final.strip() not in text or CONTINUE_TAG.strip() not in text:
+            raise TemplateError("continue_final_message: the chat template does not keep the final message as sent")
+        at = text.rindex(CONTINUE_TAG.strip())
+        return text[:at] if text[at:at + len(CONTINUE_TAG)] == CONTINUE_TAG else text[:at].rstrip()
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self.tok.encode(text, add_special_tokens=add_special_tokens).ids

@@ -327,3 +327,26 @@ async def test_repetition_penalty_greedy_follows_the_reference_with_the_penalty(
             x = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
             ids.append(int(torch.argmax(x)))
         assert got == ids[len(prompt):], penalty
+
+
+@pytest.mark.parametrize("arch, template", [("qwen3", "chatml_tools.jinja"), ("llama", "llama3_json_tools.jinja")])
+def test_continue_final_message_cuts_where_transformers_does(checkpoints, tmp_path, arch, template):
+    path = with_template(checkpoints, tmp_path, arch, template)
+    messages = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is "}]
+    expected = PreTrainedTokenizerFast.from_pretrained(path).apply_chat_template(
+        messages, add_generation_prompt=False, continue_final_message=True, tokenize=False)
+    assert Tokenizer(path).render_chat(messages, add_generation_prompt=False, continue_final=True) == expected
+    assert expected.endswith("assistant<|end_header_id|>\n\nThe colour is ") or expected.endswith("assistant\nThe colour is ")
+
+
+async def test_continue_final_message_goes_on_writing_the_last_message(qwen3):
+    chat = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "The quick"}]
+    r = await qwen3.client.chat.completions.create(
+        model="qwen3", messages=chat, max_tokens=4, temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    tok = qwen3.engine.tokenizer
+    assert r.usage.prompt_tokens == len(tok.encode(tok.render_chat(chat, False, continue_final=True), False))
+    with pytest.raises(openai.BadRequestError) as e:
+        await qwen3.client.chat.completions.create(model="qwen3", messages=chat, max_tokens=4,
+                                                   extra_body={"continue_final_message": True})
+    assert e.value.body["param"] == "continue_final_message"
