@@ -126,7 +126,7 @@ def route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tens
     if t:
         launch(_route_kernel, (t,), logits, weights, ids, e, logits.stride(0),
                TOP_K=top_k, NORMALIZE=normalize, BLOCK_E=next_power_of_2(e), BLOCK_TOP=next_power_of_2(top_k),
-               num_warps=4)
+               num_warps=4, enable_fp_fusion=False)
     return weights, ids
 
 
@@ -188,7 +188,7 @@ def _align(ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor,
     block_e = next_power_of_2(experts)
     scratch = torch.empty(2 * block_e, dtype=torch.int32, device=ids.device)
     launch(_align_kernel, (1,), sorted_ids, order, rows, block_experts, scratch, slots, experts, blocks,
-           BLOCK_M=block_m, BLOCK_E=block_e, CHUNK=_ALIGN_CHUNK, num_warps=4)
+           BLOCK_M=block_m, BLOCK_E=block_e, CHUNK=_ALIGN_CHUNK, num_warps=4, enable_fp_fusion=False)
     return rows, block_experts
 
 
@@ -295,11 +295,12 @@ def _experts_triton(x, weights, ids, gate_up, down, config=None):
         blocks = block_experts.numel()
     dtype = x.dtype
     common = dict(SORTED=layout != "slot", IEEE=dtype == torch.float32, LIBDEVICE=x.is_cuda,
-                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K[dtype], num_warps=warps, num_stages=stages)
+                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K[dtype], num_warps=warps, num_stages=stages,
+                  enable_fp_fusion=False)
     act = torch.empty(slots, inter, dtype=dtype, device=x.device)
     launch(_experts_kernel, (blocks, cdiv(two_i, block_n)), x, gate_up, act, rows, block_experts,
            slots, two_i, h, x.stride(0), *gate_up.stride(), act.stride(0),
-           A_DIV=top_k, GATED=True, EVEN_K=h % BLOCK_K[dtype] == 0, **common, enable_fp_fusion=False)
+           A_DIV=top_k, GATED=True, EVEN_K=h % BLOCK_K[dtype] == 0, **common)
     y = torch.empty(slots, h, dtype=dtype, device=x.device)
     launch(_experts_kernel, (blocks, cdiv(h, block_n)), act, down, y, rows, block_experts,
            slots, h, inter, act.stride(0), *down.stride(), y.stride(0),
