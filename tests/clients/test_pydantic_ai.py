@@ -78,3 +78,38 @@ def test_pydantic_ai_structured(gw, stream):
         return output.model_dump()
 
     twice(gw, call, stream)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_pydantic_ai_tool_loop(gw, stream):
+    """A function tool on the Responses model, which the model calls first: pydantic-ai runs it
+    and sends its output back (a function_call_output item), two requests, both hits the second
+    time. (The fake chat and Anthropic providers call a tool only when one is required.)"""
+    agent = Agent(_model(gw.url, "responses"), retries=0, model_settings={"max_tokens": 64})
+    searched = []
+
+    @agent.tool_plain
+    def search(query: str, limit: int) -> str:
+        """Search the documentation."""
+        searched.append((query, limit))
+        return f"{limit} pages about {query}"
+
+    prompt = f"pydantic-ai loop stream={stream}: find the install guide."
+
+    async def streamed():
+        async with agent.run_stream(prompt) as run:
+            return await run.get_output(), run.all_messages()
+
+    def call() -> dict:
+        searched.clear()
+        if stream:
+            output, messages = asyncio.run(streamed())
+        else:
+            result = agent.run_sync(prompt)
+            output, messages = result.output, result.all_messages()
+        calls = [(p.tool_call_id, p.args_as_dict()) for m in messages if isinstance(m, ModelResponse)
+                 for p in m.parts if isinstance(p, ToolCallPart)]
+        return {"output": output, "calls": calls, "searched": list(searched)}
+
+    first, _ = twice(gw, call, stream)
+    assert len(first.requests) == 2 and first.result["searched"]
