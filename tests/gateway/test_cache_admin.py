@@ -145,7 +145,7 @@ async def test_paging_and_conditional_delete_in_process():
 
 
 async def test_paging_and_conditional_delete_on_redis(redis_url):
-    store = RedisStore(redis_url)
+    store = RedisStore(redis_url, timeout_s=5.0)   # a loaded CI machine once took over 1 s to connect on loopback
     try:
         await _paging_and_conditional_delete(store)
     finally:
