@@ -20,16 +20,17 @@ def _run(base_url: str, streamed: bool, looked_up: list[str]) -> str:
         return f"sunny in {city}"
 
     async def go() -> str:
-        client = AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
-        agent = Agent(name="forecaster", instructions="Answer with the forecast.", tools=[get_forecast],
-                      model=OpenAIResponsesModel(model="gpt-4.1", openai_client=client))
-        prompt = "What is the weather in Paris?"
-        if not streamed:
-            return str((await Runner.run(agent, prompt)).final_output)
-        result = Runner.run_streamed(agent, prompt)
-        async for _ in result.stream_events():
-            pass
-        return str(result.final_output)
+        # Closed inside the loop that opened it, not left to a finalizer after asyncio.run.
+        async with AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0) as client:
+            agent = Agent(name="forecaster", instructions="Answer with the forecast.", tools=[get_forecast],
+                          model=OpenAIResponsesModel(model="gpt-4.1", openai_client=client))
+            prompt = "What is the weather in Paris?"
+            if not streamed:
+                return str((await Runner.run(agent, prompt)).final_output)
+            result = Runner.run_streamed(agent, prompt)
+            async for _ in result.stream_events():
+                pass
+            return str(result.final_output)
 
     return asyncio.run(go())
 
