@@ -27,19 +27,20 @@ def _run(base: str, surface: str, stream: bool, tool: bool) -> dict:
         return f"{limit} pages about {query}"
 
     async def go() -> dict:
-        client = AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
-        model_type = OpenAIResponsesModel if surface == "responses" else OpenAIChatCompletionsModel
-        # tool_choice required for the first turn only: the Runner resets it once the tool ran.
-        agent = Agent(name="librarian", instructions="Answer from the documentation.",
-                      model=model_type(model=OPENAI_MODEL, openai_client=client),
-                      tools=[search] if tool else [], model_settings=ModelSettings(tool_choice="required" if tool else None))
-        prompt = f"openai-agents {surface} stream={stream} tool={tool}: find the install guide."
-        if stream:
-            result = Runner.run_streamed(agent, prompt)
-            async for _ in result.stream_events():
-                pass
-        else:
-            result = await Runner.run(agent, prompt)
+        # Closed inside the loop that opened it, not left to a finalizer after asyncio.run.
+        async with AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0) as client:
+            model_type = OpenAIResponsesModel if surface == "responses" else OpenAIChatCompletionsModel
+            # tool_choice required for the first turn only: the Runner resets it once the tool ran.
+            agent = Agent(name="librarian", instructions="Answer from the documentation.",
+                          model=model_type(model=OPENAI_MODEL, openai_client=client), tools=[search] if tool else [],
+                          model_settings=ModelSettings(tool_choice="required" if tool else None))
+            prompt = f"openai-agents {surface} stream={stream} tool={tool}: find the install guide."
+            if stream:
+                result = Runner.run_streamed(agent, prompt)
+                async for _ in result.stream_events():
+                    pass
+            else:
+                result = await Runner.run(agent, prompt)
         items = [(item.type, getattr(item.raw_item, "call_id", None)) for item in result.new_items]
         return {"output": str(result.final_output), "items": items, "searched": searched}
 
@@ -63,16 +64,16 @@ class Search(BaseModel):
 def test_openai_agents_structured(gw, stream):
     """An Agent with an output_type on the Responses model: a strict JSON schema in text.format."""
     async def go() -> dict:
-        client = AsyncOpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
-        agent = Agent(name="librarian", instructions="Answer from the documentation.", output_type=Search,
-                      model=OpenAIResponsesModel(model=OPENAI_MODEL, openai_client=client))
-        prompt = f"openai-agents structured stream={stream}: find the install guide."
-        if stream:
-            result = Runner.run_streamed(agent, prompt)
-            async for _ in result.stream_events():
-                pass
-        else:
-            result = await Runner.run(agent, prompt)
+        async with AsyncOpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0) as client:
+            agent = Agent(name="librarian", instructions="Answer from the documentation.", output_type=Search,
+                          model=OpenAIResponsesModel(model=OPENAI_MODEL, openai_client=client))
+            prompt = f"openai-agents structured stream={stream}: find the install guide."
+            if stream:
+                result = Runner.run_streamed(agent, prompt)
+                async for _ in result.stream_events():
+                    pass
+            else:
+                result = await Runner.run(agent, prompt)
         return result.final_output.model_dump()
 
     twice(gw, lambda: asyncio.run(go()), stream)
