@@ -3,11 +3,9 @@ process in record or replay mode, whose access log says what each request was.""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import orjson
@@ -16,27 +14,14 @@ import pytest
 from agent_clis import REPO, SECRET, install, installed
 from fakes.agent_upstream import FakeAgentUpstream
 from fakes.loopback import LoopbackServer, free_port
-
-
-def _registry_reachable() -> bool:
-    try:
-        return subprocess.run(["npm", "ping"], capture_output=True, timeout=60).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+from npm_install import ensure_installed
+from serve_process import wait_healthy
 
 
 @pytest.fixture(scope="session")
 def agent_clis() -> None:
     """The pinned Claude Code and Codex CLIs in build/agents, installed from npm when missing."""
-    if installed():
-        return
-    if shutil.which("npm") is None:
-        pytest.fail("npm is not installed: run scripts/setup.sh (make test does)")
-    done = install()
-    if done.returncode != 0 and not _registry_reachable():
-        pytest.skip("the npm registry is unreachable, so the real agent CLIs cannot be installed: "
-                    f"{done.stderr.strip()[-300:]}")
-    assert done.returncode == 0 and installed(), f"npm install of the agent CLIs failed:\n{done.stderr[-2000:]}"
+    ensure_installed("the agent CLIs (Claude Code, Codex)", installed, install)
 
 
 @pytest.fixture
@@ -68,16 +53,8 @@ class Gateway:
         with open(self.log, "wb") as stderr:
             self.process = subprocess.Popen(self.argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                                             stdout=subprocess.DEVNULL, stderr=stderr)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"detgate serve exited: {self.log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=1):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("detgate serve did not become healthy")
+        wait_healthy(self.process, self.url, 30, lambda: self.log.read_text()[-2000:])
+        return self
 
     def __exit__(self, *exc) -> None:
         self.process.terminate()

@@ -4,8 +4,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
@@ -16,6 +14,7 @@ from gateway.app import create_app
 from gateway.config import Settings
 from gw_http import REPO, SECRET
 from redis_cluster import RedisCluster
+from serve_process import wait_healthy
 
 
 @pytest.fixture(scope="session")
@@ -86,16 +85,8 @@ class GatewayProcess:
         self.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", str(self.port),
                                          "--log-level", "WARNING", *self.args],
                                         env=self.env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"detgate serve exited: {self.process.stderr.read().decode()}")
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=1):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("detgate serve did not become healthy")
+        wait_healthy(self.process, self.url, 20, lambda: self.process.stderr.read().decode())
+        return self
 
     def kill(self) -> None:
         """SIGKILL: the process gets no chance to release anything."""
