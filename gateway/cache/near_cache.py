@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import AsyncIterator, Callable
+from typing import Callable
 
 from gateway.cache.store import Store
+from gateway.cache.store_wrapper import StoreWrapper
 
 
-class NearCache:
+class NearCache(StoreWrapper):
     def __init__(self, store: Store, ttl_s: float, max_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.store = store
+        super().__init__(store)
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
         self.nbytes = 0
@@ -35,9 +36,6 @@ class NearCache:
         if value is not None:
             self._remember(key, value, left)
         return value
-
-    async def get_expiring(self, key: str) -> tuple[bytes | None, float | None]:
-        return await self.store.get_expiring(key)
 
     async def commit(self, key: str, value: bytes, owner: str, *, overwrite: bool = False, ttl_ms: int = 0) -> bool:
         stored = await self.store.commit(key, value, owner, overwrite=overwrite, ttl_ms=ttl_ms)
@@ -61,24 +59,6 @@ class NearCache:
         copy = self._copies.pop(key, None)
         if copy is not None:
             self.nbytes -= len(key) + len(copy[1])
-
-    async def try_lock(self, key: str, owner: str, lease_ms: int) -> bool:
-        return await self.store.try_lock(key, owner, lease_ms)
-
-    async def renew(self, key: str, owner: str, lease_ms: int) -> bool:
-        return await self.store.renew(key, owner, lease_ms)
-
-    async def unlock(self, key: str, owner: str) -> None:
-        await self.store.unlock(key, owner)
-
-    def keys(self) -> AsyncIterator[str]:
-        return self.store.keys()
-
-    async def ping(self) -> None:
-        await self.store.ping()
-
-    async def scan(self, cursor: str, count: int) -> tuple[list[str], str]:
-        return await self.store.scan(cursor, count)
 
     async def delete_if(self, key: str, mac: bytes) -> bool:
         # This replica forgets its copy at once; the others within their ttl_s.

@@ -2,15 +2,11 @@
 when tracing is on (gateway/ops/tracing.py), so the hit path pays nothing otherwise."""
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
-
+from gateway.cache.store_wrapper import StoreWrapper
 from gateway.ops import tracing
 
 
-class TracedStore:
-    def __init__(self, store: Any) -> None:
-        self.store = store
-
+class TracedStore(StoreWrapper):
     async def get(self, key: str) -> bytes | None:
         with tracing.span("detgate.cache.lookup", {"detgate.key_prefix": key[:tracing.KEY_PREFIX_CHARS]}) as span:
             value = await self.store.get(key)
@@ -28,27 +24,3 @@ class TracedStore:
             if span is not None:
                 span.set_attribute("detgate.cache.stored", stored)
             return stored
-
-    async def ping(self) -> None:
-        await self.store.ping()
-
-    async def try_lock(self, key: str, owner: str, lease_ms: int) -> bool:
-        return await self.store.try_lock(key, owner, lease_ms)
-
-    async def renew(self, key: str, owner: str, lease_ms: int) -> bool:
-        return await self.store.renew(key, owner, lease_ms)
-
-    async def unlock(self, key: str, owner: str) -> None:
-        await self.store.unlock(key, owner)
-
-    def keys(self) -> AsyncIterator[str]:
-        return self.store.keys()
-
-    async def scan(self, cursor: str, count: int) -> tuple[list[str], str]:
-        return await self.store.scan(cursor, count)
-
-    async def delete_if(self, key: str, mac: bytes) -> bool:
-        return await self.store.delete_if(key, mac)
-
-    async def close(self) -> None:
-        await self.store.close()
