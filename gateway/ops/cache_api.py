@@ -11,6 +11,8 @@ too. Errors have OpenAI's shape, as the gateway's other endpoints.
 """
 from __future__ import annotations
 
+from typing import Awaitable, TypeVar
+
 from aiohttp import web
 
 from gateway.cache.admin import MAX_LIMIT, CacheAdmin, Filters
@@ -20,6 +22,7 @@ from gateway.ingress.auth import authorize_operator
 from gateway.state import GATEWAY, METRICS, TENANTS
 
 _PAGING = ("cursor", "limit", "all")
+T = TypeVar("T")
 
 
 def _admin(request: web.Request) -> CacheAdmin:
@@ -53,45 +56,43 @@ def _count(request: web.Request, op: str, deleted: int = 0, by: str = "key") -> 
         metrics.cache_admin_deleted.labels(by).inc(deleted)
 
 
-def _store_down(exc: StoreError) -> ApiError:
-    return ApiError(503, f"The store failed: {exc}.", type="server_error", code="store_unavailable")
+async def _from_store(work: Awaitable[T]) -> T:
+    """Awaits one admin operation; a failing store is the API's 503, not a traceback."""
+    try:
+        return await work
+    except StoreError as exc:
+        raise ApiError(503, f"The store failed: {exc}.", type="server_error", code="store_unavailable") from None
+
+
+def _not_found(key: str) -> ApiError:
+    return ApiError(404, f"No cache entry under {key!r}.", code="entry_not_found")
 
 
 async def list_entries(request: web.Request) -> web.Response:
     admin, filters, limit = _admin(request), _filters(request), _limit(request)
     try:
-        page = await admin.page(filters, request.query.get("cursor", ""), limit)
+        page = await _from_store(admin.page(filters, request.query.get("cursor", ""), limit))
     except ValueError as exc:
         raise ApiError(400, f"{exc}.", param="cursor", code="invalid_cursor") from None
-    except StoreError as exc:
-        raise _store_down(exc) from None
     _count(request, "list")
     return web.json_response(page)
 
 
 async def show_entry(request: web.Request) -> web.Response:
-    admin = _admin(request)
     key = request.match_info["key"]
-    try:
-        shown = await admin.show(key)
-    except StoreError as exc:
-        raise _store_down(exc) from None
+    shown = await _from_store(_admin(request).show(key))
     _count(request, "show")
     if shown is None:
-        raise ApiError(404, f"No cache entry under {key!r}.", code="entry_not_found")
+        raise _not_found(key)
     return web.json_response(shown)
 
 
 async def delete_entry(request: web.Request) -> web.Response:
-    admin = _admin(request)
     key = request.match_info["key"]
-    try:
-        deleted = await admin.delete(key)
-    except StoreError as exc:
-        raise _store_down(exc) from None
+    deleted = await _from_store(_admin(request).delete(key))
     _count(request, "delete", int(bool(deleted)), "key")
     if deleted is None:
-        raise ApiError(404, f"No cache entry under {key!r}.", code="entry_not_found")
+        raise _not_found(key)
     return web.json_response({"key": key, "deleted": int(deleted), "changed": int(not deleted)})
 
 
@@ -100,10 +101,7 @@ async def delete_entries(request: web.Request) -> web.Response:
     if filters.empty() and request.query.get("all") != "true":
         raise ApiError(400, "Deleting by filter needs at least one filter (tenant, upstream, model, surface, finish, "
                             "fingerprint, older_than_s, newer_than_s), or all=true to empty the cache.", code="filter_required")
-    try:
-        counts = await admin.delete_matching(filters)
-    except StoreError as exc:
-        raise _store_down(exc) from None
+    counts = await _from_store(admin.delete_matching(filters))
     _count(request, "delete_matching", counts.deleted, "filter")
     return web.json_response(vars(counts))
 
