@@ -26,14 +26,19 @@ def _shared(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", help="default WARNING")
 
 
+def _shared_with_upstreams(parser: argparse.ArgumentParser, why: str) -> None:
+    """The shared flags, and --upstream for a command that sends or keys requests as serve would."""
+    _shared(parser)
+    parser.add_argument("--upstream", dest="upstreams", action="append", metavar="[NAME=]URL",
+                        help=f"an upstream, as for `detgate serve`{why}")
+
+
 def add_commands(commands: argparse._SubParsersAction) -> None:
     probe = commands.add_parser("probe", help="run the configured canaries once and print a table",
                                 description="Send every canary from the settings once, compare each answer with "
                                             "its reference digest, print a table. Exit status 1 when any canary "
                                             "mismatched or failed.")
-    _shared(probe)
-    probe.add_argument("--upstream", dest="upstreams", action="append", metavar="[NAME=]URL",
-                       help="an upstream, as for `detgate serve`")
+    _shared_with_upstreams(probe, "")
 
     cache = commands.add_parser("cache", help="list, show, delete, export or import cache entries; diff a request "
                                               "against the recordings")
@@ -59,9 +64,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                       help="a request header as the client sends it: its key (Authorization, x-api-key) picks the "
                            "tenant, a session header the session, keyed headers (anthropic-version, anthropic-beta) "
                            "count; repeatable")
-    _shared(diff)
-    diff.add_argument("--upstream", dest="upstreams", action="append", metavar="[NAME=]URL",
-                      help="an upstream, as for `detgate serve` (it picks the model's upstream, part of the key)")
+    _shared_with_upstreams(diff, " (it picks the model's upstream, part of the key)")
 
 
 def run_command(args: argparse.Namespace) -> int:
