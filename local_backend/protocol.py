@@ -46,6 +46,11 @@ NO_EFFECT = frozenset({"user", "metadata", "store", "service_tier", "safety_iden
                        "spaces_between_special_tokens"})
 
 
+class _Strict(BaseModel):
+    """A closed request object: wrong types are not coerced and unknown fields are a 400."""
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     include_usage: bool = False
@@ -129,14 +134,12 @@ class TextPart(BaseModel):
 MESSAGE_EMPTY_ONLY = ("refusal", "annotations", "audio", "function_call")
 
 
-class FunctionCall(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class FunctionCall(_Strict):
     name: str
     arguments: str
 
 
-class ToolCall(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class ToolCall(_Strict):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
@@ -183,41 +186,35 @@ def _arguments(text: str):
     return value if isinstance(value, dict) else text
 
 
-class FunctionDef(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class FunctionDef(_Strict):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     description: str | None = None
     parameters: dict | None = None
     strict: bool | None = None
 
 
-class Tool(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class Tool(_Strict):
     type: Literal["function"]
     function: FunctionDef
 
 
-class NamedFunction(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class NamedFunction(_Strict):
     name: str
 
 
-class NamedToolChoice(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class NamedToolChoice(_Strict):
     type: Literal["function"]
     function: NamedFunction
 
 
-class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class JsonSchemaFormat(_Strict):
     name: str
     description: str | None = None
     schema_: dict | None = Field(None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
