@@ -17,6 +17,16 @@ set_tracing_disabled(True)  # the SDK would otherwise post traces to OpenAI
 SURFACES = ("chat", "responses")
 
 
+async def _finish(agent: Agent, prompt: str, stream: bool):
+    """The Runner's result once the run is over, streamed events drained to the end."""
+    if not stream:
+        return await Runner.run(agent, prompt)
+    result = Runner.run_streamed(agent, prompt)
+    async for _ in result.stream_events():
+        pass
+    return result
+
+
 def _run(base: str, surface: str, stream: bool, tool: bool) -> dict:
     searched: list[tuple[str, int]] = []
 
@@ -35,12 +45,7 @@ def _run(base: str, surface: str, stream: bool, tool: bool) -> dict:
                           model=model_type(model=OPENAI_MODEL, openai_client=client), tools=[search] if tool else [],
                           model_settings=ModelSettings(tool_choice="required" if tool else None))
             prompt = f"openai-agents {surface} stream={stream} tool={tool}: find the install guide."
-            if stream:
-                result = Runner.run_streamed(agent, prompt)
-                async for _ in result.stream_events():
-                    pass
-            else:
-                result = await Runner.run(agent, prompt)
+            result = await _finish(agent, prompt, stream)
         items = [(item.type, getattr(item.raw_item, "call_id", None)) for item in result.new_items]
         return {"output": str(result.final_output), "items": items, "searched": searched}
 
@@ -68,12 +73,7 @@ def test_openai_agents_structured(gw, stream):
             agent = Agent(name="librarian", instructions="Answer from the documentation.", output_type=Search,
                           model=OpenAIResponsesModel(model=OPENAI_MODEL, openai_client=client))
             prompt = f"openai-agents structured stream={stream}: find the install guide."
-            if stream:
-                result = Runner.run_streamed(agent, prompt)
-                async for _ in result.stream_events():
-                    pass
-            else:
-                result = await Runner.run(agent, prompt)
+            result = await _finish(agent, prompt, stream)
         return result.final_output.model_dump()
 
     twice(gw, lambda: asyncio.run(go()), stream)
