@@ -59,6 +59,18 @@ def _record(agent: Agent, fake, upstream: str, gateway, root, volatile: bool = F
     return answer, space.files(), recorded
 
 
+def _replays(agent: Agent, upstream: str, gateway, root, recorded: int, answer, files, **run_options):
+    """The agent run again through a replaying gateway on a fresh workspace: every request must
+    hit, and the answer and the files be the recording's. The replaying gateway, for more checks."""
+    replayer = gateway(upstream, "replay")
+    space = Workspace.fresh(root)
+    done = agent.run(space, replayer.url, PROMPT, **run_options)
+    _all_hits(replayer, recorded)
+    assert agent.answer(done) == answer
+    assert space.files() == files
+    return replayer
+
+
 @pytest.mark.parametrize("agent", AGENTS, **BY_NAME)
 def test_second_run_replays_from_the_golden_file(agent, agent_clis, fake_agent, gateway, redis_url, tmp_path):
     fake, upstream = fake_agent
@@ -66,12 +78,7 @@ def test_second_run_replays_from_the_golden_file(agent, agent_clis, fake_agent, 
     _golden_round_trip(redis_url, tmp_path)
     calls = len(fake.posts(agent.path))
 
-    replayer = gateway(upstream, "replay")
-    space = Workspace.fresh(tmp_path / "ws")
-    done = agent.run(space, replayer.url, PROMPT)
-    _all_hits(replayer, recorded)
-    assert agent.answer(done) == answer
-    assert space.files() == files
+    _replays(agent, upstream, gateway, tmp_path / "ws", recorded, answer, files)
     assert len(fake.posts(agent.path)) == calls, "a replay called the upstream"
 
 
@@ -81,12 +88,7 @@ def test_claude_code_replays_a_day_later(agent_clis, fake_agent, gateway, tmp_pa
     fake, upstream = fake_agent
     answer, files, recorded = _record(CLAUDE, fake, upstream, gateway, tmp_path / "ws")
 
-    replayer = gateway(upstream, "replay")
-    space = Workspace.fresh(tmp_path / "ws")
-    done = CLAUDE.run(space, replayer.url, PROMPT, wrap=["faketime", "-f", "+1d"])
-    _all_hits(replayer, recorded)
-    assert CLAUDE.answer(done) == answer
-    assert space.files() == files
+    _replays(CLAUDE, upstream, gateway, tmp_path / "ws", recorded, answer, files, wrap=["faketime", "-f", "+1d"])
 
 
 def test_codex_request_of_the_next_day_hits(agent_clis, fake_agent, gateway, tmp_path):
@@ -123,12 +125,7 @@ def test_session_replays_when_a_tool_output_changes(agent, agent_clis, fake_agen
     fake, upstream = fake_agent
     answer, files, recorded = _record(agent, fake, upstream, gateway, tmp_path / "ws", volatile=True)
 
-    replayer = gateway(upstream, "replay")
-    space = Workspace.fresh(tmp_path / "ws")
-    done = agent.run(space, replayer.url, PROMPT)
-    _all_hits(replayer, recorded)
-    assert agent.answer(done) == answer
-    assert space.files() == files
+    replayer = _replays(agent, upstream, gateway, tmp_path / "ws", recorded, answer, files)
     # The turns after the changed output warn, in the access log too, that a tool output differed.
     later = replayer.posts()[2:]
     assert all("tool" in (line.get("warnings") or "").lower() for line in later), (
