@@ -6,7 +6,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from matrix import OPENAI_MODEL, SEARCH_DESCRIPTION, SEARCH_SCHEMA, node, twice
+from matrix import OPENAI_MODEL, SEARCH_DESCRIPTION, SEARCH_SCHEMA, node, node_twice, twice
 
 SURFACES = ("chat", "responses")
 MODES = [(stream, tool) for stream in (False, True) for tool in (False, True)]
@@ -87,15 +87,7 @@ def test_openai_node(gw, node_clients, surface, stream, tool):
     ask = {"base": gw.url, "surface": surface, "model": OPENAI_MODEL, "stream": stream, "tool": tool,
            "prompt": _prompt("openai-node", surface, stream, tool)}
 
-    seen_by_client = []
-
-    def call() -> dict:
-        out = node("openai_node.mjs", ask)
-        seen_by_client.append(out.pop("cache"))  # the app's view is the rest
-        return out
-
-    first, _ = twice(gw, call, stream)
-    assert seen_by_client == ["miss", "hit"]
+    first = node_twice(gw, "openai_node.mjs", ask, stream)
     assert bool(first.result["tool_calls"]) == tool
 
 

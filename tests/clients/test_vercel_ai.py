@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from matrix import CLAUDE_MODEL, OPENAI_MODEL, node, twice
+from matrix import CLAUDE_MODEL, OPENAI_MODEL, node, node_twice, twice
 
 PROVIDERS = {"chat": ("openai-chat", OPENAI_MODEL), "responses": ("openai-responses", OPENAI_MODEL),
              "messages": ("anthropic", CLAUDE_MODEL)}
@@ -19,15 +19,7 @@ def test_vercel_ai(gw, node_clients, surface, stream, tool):
     ask = {"base": gw.url, "provider": provider, "model": model, "stream": stream, "tool": tool,
            "prompt": f"vercel-ai {surface} stream={stream} tool={tool}: find the install guide."}
 
-    seen_by_client = []
-
-    def call() -> dict:
-        out = node("vercel_ai.mjs", ask)
-        seen_by_client.append(out.pop("cache"))  # the app's view is the rest
-        return out
-
-    first, _ = twice(gw, call, stream)
-    assert seen_by_client == ["miss", "hit"]
+    first = node_twice(gw, "vercel_ai.mjs", ask, stream)
     assert bool(first.result["tool_calls"]) == tool
 
 
@@ -36,15 +28,8 @@ def test_vercel_ai_structured(gw, node_clients, stream):
     """Output.object on the responses model: a strict JSON schema in text.format."""
     ask = {"base": gw.url, "provider": "openai-responses", "model": OPENAI_MODEL, "stream": stream, "tool": False,
            "structured": True, "prompt": f"vercel-ai structured stream={stream}: find the install guide."}
-    seen_by_client = []
-
-    def call() -> dict:
-        out = node("vercel_ai.mjs", ask)
-        seen_by_client.append(out.pop("cache"))
-        return out
-
-    first, _ = twice(gw, call, stream)
-    assert seen_by_client == ["miss", "hit"] and set(first.result["output"]) == {"query", "limit"}
+    first = node_twice(gw, "vercel_ai.mjs", ask, stream)
+    assert set(first.result["output"]) == {"query", "limit"}
 
 
 @pytest.mark.parametrize("stream", [False, True])
