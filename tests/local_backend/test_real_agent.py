@@ -85,7 +85,8 @@ async def test_a_bad_schema_and_an_unknown_tool_choice_are_400s_and_the_engine_l
             assert e.value.body["param"] == param
         ok = await s.client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}],
                                                     max_tokens=4)
-        assert ok.choices[0].finish_reason == "length"
+        # Unseeded, so sampled under the checkpoint's generation config: a short answer may end first.
+        assert ok.choices[0].finish_reason in ("length", "stop") and ok.choices[0].message.content
 
 
 async def agents_sdk_run(path) -> tuple[list, str]:
